@@ -1,0 +1,51 @@
+//! The shared core of the transport benchmark suite.
+//!
+//! - [`transport`]: the [`Transport`] trait (server side, client [`Fleet`], capabilities) that every transport
+//!   implements, and the events its links report.
+//! - [`order`]: what a device sends and a server stores, and how it is identified.
+//! - [`store`]: the durable, append-only, checksummed log with group commit that every server writes to, with
+//!   exactly-once application and the audit the runner reads after a run.
+//! - [`counters`]: asymmetric operations, handshakes, re-sends, refusals, counted where they happen.
+//! - [`keys`]: key and credential files (mode 0600) and hex encoding.
+//! - [`framing`]: length-prefixed orders and answers over any byte stream (QUIC streams, TLS over TCP).
+//! - [`process`]: starting, stopping, continuing and killing server processes, never leaving one behind.
+//! - [`sample`]: CPU time and memory of a process from `/proc`.
+
+pub mod counters;
+pub mod framing;
+pub mod keys;
+pub mod order;
+pub mod process;
+pub mod sample;
+pub mod store;
+pub mod transport;
+
+pub use counters::{CounterSnapshot, Counters};
+pub use order::{device_name, sender_id, Order, OrderId};
+pub use store::{StoreError, StoreHandle, SyncPolicy};
+pub use transport::{
+    BoxFuture, Fleet, FleetConfig, LinkEvent, Ready, ServeConfig, Support, Transport, WorkloadKind,
+};
+
+/// Errors a transport returns to the runner.
+#[derive(Debug, thiserror::Error)]
+pub enum TransportError {
+    /// A socket, file or process operation failed.
+    #[error("i/o: {0}")]
+    Io(#[from] std::io::Error),
+    /// The store refused or failed a commit.
+    #[error("store: {0}")]
+    Store(#[from] StoreError),
+    /// A key, certificate or allow-list file is missing or malformed.
+    #[error("identity: {0}")]
+    Identity(String),
+    /// A configuration value is invalid.
+    #[error("configuration: {0}")]
+    Config(String),
+    /// The peer broke the protocol.
+    #[error("protocol: {0}")]
+    Protocol(String),
+    /// The transport does not implement this operation.
+    #[error("not supported: {0}")]
+    Unsupported(&'static str),
+}
