@@ -1,1 +1,126 @@
-fn main() {}
+//! `runner`: benchmark network transports side by side.
+//!
+//! `runner --transport pure,quinn --workload restart` runs workloads (the default subcommand); `runner serve` runs
+//! the server side of one transport (the runner starts it as a child process); `runner report` renders tables from
+//! results files; `runner list` names the transports and workloads.
+
+mod provenance;
+mod registry;
+mod report;
+mod run;
+mod serve;
+
+use anyhow::Result;
+use clap::{Parser, Subcommand};
+use std::path::PathBuf;
+use std::process::ExitCode;
+
+#[derive(Debug, Parser)]
+#[command(name = "runner", version, about = "Benchmark network transports side by side")]
+#[command(args_conflicts_with_subcommands = true)]
+struct Cli {
+    #[command(subcommand)]
+    command: Option<Command>,
+    #[command(flatten)]
+    run: run::RunArgs,
+}
+
+#[derive(Debug, Subcommand)]
+enum Command {
+    /// Run workloads against transports (the default).
+    Run(run::RunArgs),
+    /// Run the server side of one transport until killed.
+    Serve(serve::ServeArgs),
+    /// Render the tables of results files.
+    Report {
+        /// JSON Lines results files.
+        #[arg(required = true)]
+        files: Vec<PathBuf>,
+    },
+    /// List the transports and workloads.
+    List,
+}
+
+/// Exit code for bad input (unknown names, bad values).
+const USAGE: u8 = 2;
+
+fn main() -> ExitCode {
+    let cli = match Cli::try_parse() {
+        Ok(cli) => cli,
+        Err(e) => {
+            use clap::error::ErrorKind;
+            if matches!(e.kind(), ErrorKind::DisplayHelp | ErrorKind::DisplayVersion) {
+                let _ = e.print();
+                return ExitCode::SUCCESS;
+            }
+            // One line: clap's first line names the problem (and the valid values where it knows them).
+            let text = e.render().to_string();
+            eprintln!("{}", text.lines().next().unwrap_or("invalid arguments"));
+            return ExitCode::from(USAGE);
+        }
+    };
+    match cli.command {
+        Some(Command::Serve(args)) => finish(serve::run(args)),
+        Some(Command::Report { files }) => finish(report_files(&files)),
+        Some(Command::List) => {
+            list();
+            ExitCode::SUCCESS
+        }
+        Some(Command::Run(args)) => start_run(args),
+        None => start_run(cli.run),
+    }
+}
+
+fn start_run(args: run::RunArgs) -> ExitCode {
+    let transports = match registry::parse_list(&args.transport) {
+        Ok(t) => t,
+        Err(e) => return usage(&e),
+    };
+    let kinds = match run::parse_workloads(&args.workload) {
+        Ok(k) => k,
+        Err(e) => return usage(&e),
+    };
+    transport_core::process::install_cleanup();
+    let runtime = match tokio::runtime::Builder::new_multi_thread().enable_all().build() {
+        Ok(r) => r,
+        Err(e) => return finish(Err(e.into())),
+    };
+    let r = runtime.block_on(run::run(args, transports, kinds));
+    drop(runtime);
+    finish(r)
+}
+
+fn usage(message: &str) -> ExitCode {
+    eprintln!("error: {message}");
+    ExitCode::from(USAGE)
+}
+
+fn finish(r: Result<()>) -> ExitCode {
+    match r {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => {
+            eprintln!("error: {e:#}");
+            ExitCode::FAILURE
+        }
+    }
+}
+
+fn report_files(files: &[PathBuf]) -> Result<()> {
+    let mut all = Vec::new();
+    for f in files {
+        all.extend(workloads::result::read(f)?);
+    }
+    print!("{}", report::render(&all));
+    Ok(())
+}
+
+fn list() {
+    println!("transports:");
+    for (name, what) in registry::variants() {
+        println!("  {name:<24} {what}");
+    }
+    println!("workloads:");
+    for w in transport_core::WorkloadKind::ALL {
+        println!("  {w}");
+    }
+}

@@ -7,17 +7,21 @@
 //!   exactly-once application and the audit the runner reads after a run.
 //! - [`counters`]: asymmetric operations, handshakes, re-sends, refusals, counted where they happen.
 //! - [`keys`]: key and credential files (mode 0600) and hex encoding.
+//! - [`net`]: socket settings shared by the UDP transports.
 //! - [`framing`]: length-prefixed orders and answers over any byte stream (QUIC streams, TLS over TCP).
 //! - [`process`]: starting, stopping, continuing and killing server processes, never leaving one behind.
 //! - [`sample`]: CPU time and memory of a process from `/proc`.
 
+pub mod connfleet;
 pub mod counters;
 pub mod framing;
 pub mod keys;
+pub mod net;
 pub mod order;
 pub mod process;
 pub mod sample;
 pub mod store;
+pub mod tls;
 pub mod transport;
 
 pub use counters::{CounterSnapshot, Counters};

@@ -1,1 +1,568 @@
-//! Being written.
+//! Server processes the runner starts, controls and never leaves behind.
+//!
+//! # The contract with `runner serve`
+//!
+//! - The first line the server writes on stdout is `{"ready": ReadyLine}` (see [`ReadyLine`]).
+//! - After that, each line `stats` written to its stdin is answered by one JSON object on one line of stdout.
+//! - End of file on stdin means the server should exit.
+//! - Its stderr is the runner's stderr.
+//!
+//! # Never leaving one behind
+//!
+//! Three mechanisms cover the ways the runner can end:
+//!
+//! - Dropping a [`ServerProcess`] (an error path, a panic unwinding) sends SIGKILL; tokio reaps the child in the
+//!   background, so the runtime never blocks.
+//! - [`install_cleanup`] makes SIGINT, SIGTERM and SIGHUP, and any panic, SIGKILL every live child first.
+//! - Each child asks the kernel (`PR_SET_PDEATHSIG`) to be sent SIGKILL when the runner dies, even by SIGKILL, when
+//!   no code of ours runs at all.
+
+use serde::{Deserialize, Serialize};
+use std::collections::BTreeSet;
+use std::io;
+use std::net::SocketAddr;
+use std::os::unix::process::ExitStatusExt;
+use std::process::{ExitStatus, Stdio};
+use std::sync::{Mutex, MutexGuard, TryLockError};
+use std::time::Duration;
+use tokio::io::{AsyncBufReadExt, AsyncWriteExt, BufReader};
+use tokio::process::{Child, ChildStdin, ChildStdout, Command};
+use tokio::time::{timeout, timeout_at, Instant};
+
+/// What a server reports when it is listening.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ReadyLine {
+    /// The transport spec it serves, e.g. `pure:plain`.
+    pub transport: String,
+    /// The bound address.
+    pub addr: SocketAddr,
+    /// Its public key (hex) or certificate fingerprint.
+    pub public_key: String,
+    /// Its process id.
+    pub pid: u32,
+}
+
+/// The server's first line: `{"ready": {...}}`.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct ReadyMessage {
+    /// What the server reports.
+    pub ready: ReadyLine,
+}
+
+/// How long [`ServerProcess::stats`] waits for an answer.
+pub const STATS_TIMEOUT: Duration = Duration::from_secs(5);
+/// How long [`ServerProcess::shutdown`] waits for the server to exit on its own.
+pub const SHUTDOWN_GRACE: Duration = Duration::from_secs(2);
+/// How much of a bad line an error quotes.
+const QUOTE_LIMIT: usize = 200;
+
+/// Errors starting and controlling a server process.
+#[derive(Debug, thiserror::Error)]
+pub enum ProcessError {
+    /// The program could not be started.
+    #[error("cannot start `{program}`: {source}")]
+    Spawn {
+        /// The program.
+        program: String,
+        /// The operating system's error.
+        source: io::Error,
+    },
+    /// The server exited before it wrote its ready line.
+    #[error("server exited with {status} before it was ready")]
+    ExitedBeforeReady {
+        /// How it ended, e.g. `status 2` or `signal 9`.
+        status: String,
+    },
+    /// The server wrote no ready line in time, and was killed.
+    #[error("server (pid {pid}) was not ready within {after:?}; killed it")]
+    ReadyTimeout {
+        /// The server's pid.
+        pid: u32,
+        /// The timeout.
+        after: Duration,
+    },
+    /// The server's first line is not a ready line; it was killed.
+    #[error("server's first line is not a ready line ({reason}): {line}")]
+    BadReady {
+        /// The line (shortened).
+        line: String,
+        /// Why it does not parse.
+        reason: String,
+    },
+    /// The server did not answer `stats` in time.
+    #[error("server (pid {pid}) did not answer stats within {after:?}")]
+    StatsTimeout {
+        /// The server's pid.
+        pid: u32,
+        /// The timeout.
+        after: Duration,
+    },
+    /// The answer to `stats` is not a JSON object.
+    #[error("server's answer to stats is not a JSON object ({reason}): {line}")]
+    BadStats {
+        /// The line (shortened).
+        line: String,
+        /// Why it does not parse.
+        reason: String,
+    },
+    /// The server closed its stdout: it exited or is exiting.
+    #[error("server (pid {pid}) closed its output")]
+    Closed {
+        /// The server's pid.
+        pid: u32,
+    },
+    /// The server was killed, shut down or has exited, and was reaped.
+    #[error("server (pid {pid}) is no longer running")]
+    NotRunning {
+        /// The server's pid.
+        pid: u32,
+    },
+    /// Talking to the server, signalling it or waiting for it failed.
+    #[error("{what} server (pid {pid}): {source}")]
+    Io {
+        /// The server's pid.
+        pid: u32,
+        /// What was being done.
+        what: &'static str,
+        /// The operating system's error.
+        source: io::Error,
+    },
+    /// The signal handlers that kill servers at exit could not be installed.
+    #[error("cannot install the cleanup of server processes: {0}")]
+    Cleanup(io::Error),
+}
+
+/// The pids of live children (started and not yet reaped), for the signal handler and the panic hook.
+static LIVE: Mutex<BTreeSet<u32>> = Mutex::new(BTreeSet::new());
+
+fn live() -> MutexGuard<'static, BTreeSet<u32>> {
+    // Nothing panics while holding the lock; a poisoned set is still the right set.
+    LIVE.lock().unwrap_or_else(|p| p.into_inner())
+}
+
+fn register(pid: u32) {
+    live().insert(pid);
+}
+
+fn unregister(pid: u32) {
+    live().remove(&pid);
+}
+
+/// The pids of the server processes started and not yet killed, shut down or dropped.
+pub fn live_pids() -> Vec<u32> {
+    live().iter().copied().collect()
+}
+
+fn kill_all(live: &BTreeSet<u32>) {
+    for &pid in live {
+        // SAFETY: kill has no memory effects. The pids are our unreaped children, so none can have been reused.
+        unsafe { libc::kill(pid as libc::pid_t, libc::SIGKILL) };
+    }
+}
+
+/// SIGKILL every live server process.
+pub fn kill_all_servers() {
+    kill_all(&live());
+}
+
+fn describe(status: ExitStatus) -> String {
+    match (status.code(), status.signal()) {
+        (Some(code), _) => format!("status {code}"),
+        (None, Some(sig)) => format!("signal {sig}"),
+        (None, None) => status.to_string(),
+    }
+}
+
+fn quote(line: &[u8]) -> String {
+    let text = String::from_utf8_lossy(line);
+    let text = text.trim_end();
+    match text.char_indices().nth(QUOTE_LIMIT) {
+        Some((cut, _)) => format!("{}...", &text[..cut]),
+        None => text.to_string(),
+    }
+}
+
+/// A running server process.
+#[derive(Debug)]
+pub struct ServerProcess {
+    child: Child,
+    pid: u32,
+    ready: ReadyLine,
+    stdin: Option<ChildStdin>,
+    stdout: BufReader<ChildStdout>,
+    /// A line being read; kept across a timeout so that no byte is lost.
+    line: Vec<u8>,
+    /// Stats requests sent and not yet answered, ours included while one is in flight.
+    unanswered: u32,
+    /// Set once the child has been reaped: its pid may belong to another process from then on.
+    status: Option<ExitStatus>,
+}
+
+impl ServerProcess {
+    /// Start a server and wait up to `ready_timeout` for its ready line.
+    ///
+    /// Stdin and stdout are piped, stderr is inherited. The child is killed if the runner dies (see the module
+    /// doc). Call this from a task on a runtime whose threads live as long as the server should: the kernel sends
+    /// the death signal when the *thread* that started the child exits, so not from `spawn_blocking`.
+    pub async fn start(
+        mut cmd: Command,
+        ready_timeout: Duration,
+    ) -> Result<ServerProcess, ProcessError> {
+        let program = cmd.as_std().get_program().to_string_lossy().into_owned();
+        cmd.stdin(Stdio::piped())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::inherit())
+            .kill_on_drop(true);
+        let parent = std::process::id() as libc::pid_t;
+        // SAFETY: the closure runs in the child between fork and exec, where only async-signal-safe calls are
+        // allowed: prctl and getppid are plain system calls, and the errors are built without allocating.
+        unsafe {
+            cmd.pre_exec(move || {
+                if libc::prctl(
+                    libc::PR_SET_PDEATHSIG,
+                    libc::SIGKILL as libc::c_ulong,
+                    0,
+                    0,
+                    0,
+                ) == -1
+                {
+                    return Err(io::Error::last_os_error());
+                }
+                // The runner died before the prctl took effect: the signal will never come, so do not start.
+                if libc::getppid() != parent {
+                    return Err(io::Error::from_raw_os_error(libc::ESRCH));
+                }
+                Ok(())
+            });
+        }
+        let mut child = cmd.spawn().map_err(|source| ProcessError::Spawn {
+            program: program.clone(),
+            source,
+        })?;
+        let spawn_err = |what| ProcessError::Spawn {
+            program: program.clone(),
+            source: io::Error::other(what),
+        };
+        let pid = child.id().ok_or_else(|| spawn_err("no pid"))?;
+        register(pid);
+        let (Some(stdin), Some(stdout)) = (child.stdin.take(), child.stdout.take()) else {
+            let _ = kill_and_reap(&mut child, pid).await;
+            return Err(spawn_err("no pipes"));
+        };
+        let mut stdout = BufReader::new(stdout);
+        let mut line = Vec::new();
+        let read = timeout(ready_timeout, stdout.read_until(b'\n', &mut line)).await;
+        let ready = match read {
+            Err(_) => {
+                let _ = kill_and_reap(&mut child, pid).await;
+                return Err(ProcessError::ReadyTimeout {
+                    pid,
+                    after: ready_timeout,
+                });
+            }
+            Ok(Err(source)) => {
+                let _ = kill_and_reap(&mut child, pid).await;
+                return Err(ProcessError::Io {
+                    pid,
+                    what: "reading the ready line of",
+                    source,
+                });
+            }
+            Ok(Ok(0)) => {
+                // Stdout closed: normally the server exited. Give it a moment to be reaped, then make sure.
+                let status = match timeout(Duration::from_secs(1), child.wait()).await {
+                    Ok(Ok(status)) => {
+                        unregister(pid);
+                        Ok(status)
+                    }
+                    _ => kill_and_reap(&mut child, pid).await,
+                };
+                return Err(match status {
+                    Ok(status) => ProcessError::ExitedBeforeReady {
+                        status: describe(status),
+                    },
+                    Err(source) => ProcessError::Io {
+                        pid,
+                        what: "waiting for",
+                        source,
+                    },
+                });
+            }
+            Ok(Ok(_)) => match serde_json::from_slice::<ReadyMessage>(&line) {
+                Ok(message) => message.ready,
+                Err(e) => {
+                    let _ = kill_and_reap(&mut child, pid).await;
+                    return Err(ProcessError::BadReady {
+                        line: quote(&line),
+                        reason: e.to_string(),
+                    });
+                }
+            },
+        };
+        line.clear();
+        Ok(ServerProcess {
+            child,
+            pid,
+            ready,
+            stdin: Some(stdin),
+            stdout,
+            line,
+            unanswered: 0,
+            status: None,
+        })
+    }
+
+    /// The server's process id.
+    pub fn pid(&self) -> u32 {
+        self.pid
+    }
+
+    /// What the server reported when it was ready.
+    pub fn ready(&self) -> &ReadyLine {
+        &self.ready
+    }
+
+    fn signal(&self, sig: libc::c_int, what: &'static str) -> Result<(), ProcessError> {
+        if self.status.is_some() {
+            return Err(ProcessError::NotRunning { pid: self.pid });
+        }
+        // SAFETY: kill has no memory effects; the child is not reaped, so the pid is still ours.
+        if unsafe { libc::kill(self.pid as libc::pid_t, sig) } == 0 {
+            Ok(())
+        } else {
+            Err(ProcessError::Io {
+                pid: self.pid,
+                what,
+                source: io::Error::last_os_error(),
+            })
+        }
+    }
+
+    /// Stop the server (SIGSTOP): it keeps its sockets but runs no code until [`ServerProcess::cont`].
+    pub fn stop(&self) -> Result<(), ProcessError> {
+        self.signal(libc::SIGSTOP, "stopping")
+    }
+
+    /// Let a stopped server continue (SIGCONT).
+    pub fn cont(&self) -> Result<(), ProcessError> {
+        self.signal(libc::SIGCONT, "continuing")
+    }
+
+    /// Kill the server (SIGKILL, which also ends a stopped process) and reap it.
+    pub async fn kill(&mut self) -> Result<ExitStatus, ProcessError> {
+        if let Some(status) = self.status {
+            return Ok(status);
+        }
+        let status = kill_and_reap(&mut self.child, self.pid)
+            .await
+            .map_err(|source| ProcessError::Io {
+                pid: self.pid,
+                what: "killing",
+                source,
+            })?;
+        self.status = Some(status);
+        Ok(status)
+    }
+
+    /// Whether the server has exited (reaping it if so), without waiting.
+    pub fn try_wait(&mut self) -> Result<Option<ExitStatus>, ProcessError> {
+        if self.status.is_some() {
+            return Ok(self.status);
+        }
+        let status = self.child.try_wait().map_err(|source| ProcessError::Io {
+            pid: self.pid,
+            what: "waiting for",
+            source,
+        })?;
+        if status.is_some() {
+            unregister(self.pid);
+            self.status = status;
+        }
+        Ok(status)
+    }
+
+    /// Ask the server for its statistics, waiting up to [`STATS_TIMEOUT`].
+    pub async fn stats(&mut self) -> Result<serde_json::Value, ProcessError> {
+        self.stats_within(STATS_TIMEOUT).await
+    }
+
+    /// Ask the server for its statistics, waiting up to `limit`.
+    ///
+    /// An answer that comes after its request timed out is recognised and skipped by the next request, so
+    /// answers never get out of step with requests.
+    pub async fn stats_within(
+        &mut self,
+        limit: Duration,
+    ) -> Result<serde_json::Value, ProcessError> {
+        let pid = self.pid;
+        if self.status.is_some() {
+            return Err(ProcessError::NotRunning { pid });
+        }
+        let deadline = Instant::now() + limit;
+        let timed_out = ProcessError::StatsTimeout { pid, after: limit };
+        let stdin = self
+            .stdin
+            .as_mut()
+            .ok_or(ProcessError::NotRunning { pid })?;
+        let io_err = |source| ProcessError::Io {
+            pid,
+            what: "asking for stats of",
+            source,
+        };
+        match timeout_at(deadline, stdin.write_all(b"stats\n")).await {
+            Err(_) => return Err(timed_out),
+            Ok(Err(e)) if e.kind() == io::ErrorKind::BrokenPipe => {
+                return Err(ProcessError::Closed { pid })
+            }
+            Ok(Err(e)) => return Err(io_err(e)),
+            Ok(Ok(())) => {}
+        }
+        self.unanswered += 1;
+        loop {
+            // `read_until` keeps what it has read in `self.line` if the timeout cancels it.
+            match timeout_at(deadline, self.stdout.read_until(b'\n', &mut self.line)).await {
+                Err(_) => return Err(timed_out),
+                Ok(Err(e)) => return Err(io_err(e)),
+                Ok(Ok(0)) => return Err(ProcessError::Closed { pid }),
+                Ok(Ok(_)) if !self.line.ends_with(b"\n") => continue,
+                Ok(Ok(_)) => {}
+            }
+            let line = std::mem::take(&mut self.line);
+            self.unanswered -= 1;
+            if self.unanswered > 0 {
+                continue; // the late answer to an earlier request
+            }
+            return match serde_json::from_slice::<serde_json::Value>(&line) {
+                Ok(value) if value.is_object() => Ok(value),
+                Ok(_) => Err(ProcessError::BadStats {
+                    line: quote(&line),
+                    reason: "not an object".into(),
+                }),
+                Err(e) => Err(ProcessError::BadStats {
+                    line: quote(&line),
+                    reason: e.to_string(),
+                }),
+            };
+        }
+    }
+
+    /// Close the server's stdin (asking it to exit), wait up to [`SHUTDOWN_GRACE`], then kill it.
+    pub async fn shutdown(&mut self) -> Result<ExitStatus, ProcessError> {
+        self.shutdown_within(SHUTDOWN_GRACE).await
+    }
+
+    /// Close the server's stdin, wait up to `grace`, then kill it.
+    pub async fn shutdown_within(&mut self, grace: Duration) -> Result<ExitStatus, ProcessError> {
+        if let Some(status) = self.status {
+            return Ok(status);
+        }
+        drop(self.stdin.take());
+        match timeout(grace, self.child.wait()).await {
+            Ok(Ok(status)) => {
+                unregister(self.pid);
+                self.status = Some(status);
+                Ok(status)
+            }
+            Ok(Err(source)) => Err(ProcessError::Io {
+                pid: self.pid,
+                what: "waiting for",
+                source,
+            }),
+            Err(_) => self.kill().await,
+        }
+    }
+}
+
+impl Drop for ServerProcess {
+    fn drop(&mut self) {
+        if self.status.is_none() {
+            // SAFETY: kill has no memory effects; the child is not reaped, so the pid is still ours.
+            unsafe { libc::kill(self.pid as libc::pid_t, libc::SIGKILL) };
+            unregister(self.pid);
+            // `kill_on_drop` then hands the child to tokio, which reaps it in the background.
+        }
+    }
+}
+
+/// SIGKILL a child, take it out of the registry, and reap it.
+///
+/// The pid leaves the registry between the signal and the reaping, so the registry never holds a reaped pid that
+/// the kernel could give to another process.
+async fn kill_and_reap(child: &mut Child, pid: u32) -> io::Result<ExitStatus> {
+    // An error here means it has already been reaped; `wait` then returns its status.
+    let _ = child.start_kill();
+    unregister(pid);
+    child.wait().await
+}
+
+static INSTALLED: Mutex<bool> = Mutex::new(false);
+
+/// Make SIGINT, SIGTERM, SIGHUP and panics kill every live server process; on a signal the process then exits with
+/// status 130. Call once at the start of the binary; later calls do nothing. A failure is reported on stderr (see
+/// [`try_install_cleanup`]).
+pub fn install_cleanup() {
+    if let Err(e) = try_install_cleanup() {
+        eprintln!("warning: {e}");
+    }
+}
+
+/// [`install_cleanup`], returning the error if the signal handlers cannot be installed.
+///
+/// The signals are received with `tokio::signal` on a dedicated thread running its own small runtime. A real
+/// signal handler is installed (tokio's, which only writes to a pipe, so it is async-signal-safe), so the signal
+/// is caught whichever thread it is delivered to, and the killing happens on an ordinary thread that may take
+/// locks. A `sigwait` thread would need the signals blocked in every thread, including runtime threads started
+/// before this call, which a library cannot promise; a dedicated thread also works whether or not the caller is
+/// inside a runtime, and adds no dependency.
+pub fn try_install_cleanup() -> Result<(), ProcessError> {
+    let mut installed = INSTALLED.lock().unwrap_or_else(|p| p.into_inner());
+    if *installed {
+        return Ok(());
+    }
+    use tokio::signal::unix::{signal, SignalKind};
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .map_err(ProcessError::Cleanup)?;
+    let (mut int, mut term, mut hup) = {
+        let _guard = rt.enter();
+        (
+            signal(SignalKind::interrupt()).map_err(ProcessError::Cleanup)?,
+            signal(SignalKind::terminate()).map_err(ProcessError::Cleanup)?,
+            signal(SignalKind::hangup()).map_err(ProcessError::Cleanup)?,
+        )
+    };
+    std::thread::Builder::new()
+        .name("cleanup".into())
+        .spawn(move || {
+            rt.block_on(async {
+                tokio::select! {
+                    _ = int.recv() => {}
+                    _ = term.recv() => {}
+                    _ = hup.recv() => {}
+                }
+            });
+            kill_all_servers();
+            std::process::exit(130);
+        })
+        .map_err(ProcessError::Cleanup)?;
+
+    let previous = std::panic::take_hook();
+    std::panic::set_hook(Box::new(move |info| {
+        kill_on_panic();
+        previous(info);
+    }));
+    *installed = true;
+    Ok(())
+}
+
+/// Kill every live server from the panic hook, without ever blocking on the registry's lock.
+fn kill_on_panic() {
+    for _ in 0..100 {
+        match LIVE.try_lock() {
+            Ok(live) => return kill_all(&live),
+            Err(TryLockError::Poisoned(p)) => return kill_all(&p.into_inner()),
+            Err(TryLockError::WouldBlock) => std::thread::sleep(Duration::from_millis(1)),
+        }
+    }
+}

@@ -102,6 +102,9 @@ pub struct ServeConfig {
     pub threads: usize,
     /// Where the server counts handshakes, asymmetric operations and refusals.
     pub counters: Arc<Counters>,
+    /// Allowed senders given on the command line (`NAME=KEY`, or `@FILE` for a file of such lines). Empty: the
+    /// list in the identity directory. Transports that identify clients by certificate ignore it.
+    pub senders: Vec<String>,
     /// Send once when listening: the bound address and the public key or certificate fingerprint.
     pub ready: oneshot::Sender<Ready>,
 }

@@ -1,1 +1,201 @@
-//! Being written.
+//! Pure sealed links: a connectionless transport over UDP with no handshake.
+//!
+//! Every node has a static X25519 key. A device's first datagram is already a sealed record; the receiver stores
+//! the order durably, applies it once, and answers "stored". Nothing a restart can lose is needed to go on.
+//!
+//! - [`wire`]: the datagram format (records and answers), parsed without keys.
+//! - [`crypto`]: node keys, the key schedule of every variant, seal and open.
+//! - [`senders`]: the allow-list of senders a receiver takes records from.
+//! - [`receiver`] and [`sender`]: the sans-IO protocol cores, driven with an explicit `now`.
+//! - [`server`] and [`client`]: thin UDP drivers around the cores (tokio).
+//!
+//! The variants (`pure`, `pure:no-memo`, `pure:hpke-session`, `pure:hpke-per-request`, `pure:plain`) share the
+//! framing, the drivers and the store; they differ only in how a record is sealed. `docs/pure.md` is the
+//! specification.
+
+pub mod client;
+pub mod crypto;
+pub mod receiver;
+pub mod sender;
+pub mod senders;
+pub mod server;
+pub mod wire;
+
+use crate::crypto::NodeKey;
+use crate::receiver::{InMemorySecrets, Receiver, ReceiverConfig};
+use crate::sender::SenderConfig;
+use crate::senders::{AllowList, AllowedSender};
+use crate::wire::Kind;
+use rand::rngs::StdRng;
+use rand::{RngCore, SeedableRng};
+use std::path::Path;
+use transport_core::{
+    device_name, keys, sender_id, BoxFuture, Fleet, FleetConfig, Ready, ServeConfig, Support, Transport,
+    TransportError, WorkloadKind,
+};
+
+/// The variants, with a line each on what they are.
+pub const VARIANTS: &[(&str, &str)] = &[
+    ("pure", "link secret from the two static X25519 keys, per-run keys, no handshake"),
+    ("pure:no-memo", "as `pure`, link secrets not remembered: one X25519 per returning sender after a restart"),
+    ("pure:hpke-session", "one HPKE auth-mode session per wire, records sealed by number"),
+    ("pure:hpke-per-request", "a fresh HPKE auth-mode setup for every record (the baseline)"),
+    ("pure:plain", "the same framing and store, no sealing (the ceiling)"),
+];
+
+/// File names in the identity directory.
+pub mod files {
+    /// The receiver's secret key (64 hex digits, mode 0600).
+    pub const NODE_KEY: &str = "node.key";
+    /// The receiver's public key (64 hex digits).
+    pub const NODE_PUB: &str = "node.pub";
+    /// The allowed senders, `NAME=KEY` lines.
+    pub const SENDERS: &str = "senders";
+    /// The devices' secret keys, one hex line per device in device order (mode 0600).
+    pub const DEVICE_KEYS: &str = "devices.keys";
+}
+
+/// Pure in one configuration.
+#[derive(Debug, Clone)]
+pub struct Pure {
+    spec: &'static str,
+    kind: Kind,
+    memo: bool,
+}
+
+/// The transport for a spec such as `pure:plain`, or `None` if the spec is not a Pure variant.
+pub fn transport(spec: &str) -> Option<Box<dyn Transport>> {
+    let (spec, kind, memo) = match spec {
+        "pure" => ("pure", Kind::Link, true),
+        "pure:no-memo" => ("pure:no-memo", Kind::Link, false),
+        "pure:hpke-session" => ("pure:hpke-session", Kind::HpkeSession, false),
+        "pure:hpke-per-request" => ("pure:hpke-per-request", Kind::HpkePerRequest, false),
+        "pure:plain" => ("pure:plain", Kind::Plain, false),
+        _ => return None,
+    };
+    Some(Box::new(Pure { spec, kind, memo }))
+}
+
+fn identity_err(e: impl std::fmt::Display) -> TransportError {
+    TransportError::Identity(e.to_string())
+}
+
+impl Pure {
+    /// Whether this variant remembers link secrets across restarts.
+    pub fn memo(&self) -> bool {
+        self.memo
+    }
+
+    fn load_device_keys(dir: &Path, devices: u32) -> Result<Vec<NodeKey>, TransportError> {
+        let path = dir.join(files::DEVICE_KEYS);
+        let text = std::fs::read_to_string(&path).map_err(|e| identity_err(format!("{}: {e}", path.display())))?;
+        let keys = text
+            .lines()
+            .take(devices as usize)
+            .enumerate()
+            .map(|(i, line)| {
+                keys::parse_key32(line.trim())
+                    .map(NodeKey::from_secret)
+                    .map_err(|e| identity_err(format!("{} line {}: {e}", path.display(), i + 1)))
+            })
+            .collect::<Result<Vec<_>, _>>()?;
+        if keys.len() < devices as usize {
+            return Err(identity_err(format!(
+                "{} has keys for {} devices, {} asked for",
+                path.display(),
+                keys.len(),
+                devices
+            )));
+        }
+        Ok(keys)
+    }
+}
+
+impl Transport for Pure {
+    fn spec(&self) -> &str {
+        self.spec
+    }
+
+    fn supports(&self, workload: WorkloadKind) -> Support {
+        match workload {
+            WorkloadKind::Fanout | WorkloadKind::Flood => {
+                Support::No("Pure links carry orders to a receiver; there is no publish/subscribe relay")
+            }
+            _ => Support::Yes,
+        }
+    }
+
+    fn prepare(&self, dir: &Path, devices: u32) -> Result<(), TransportError> {
+        std::fs::create_dir_all(dir)?;
+        let mut rng = StdRng::from_os_rng();
+        let node = NodeKey::generate(&mut rng);
+        node.save(&dir.join(files::NODE_KEY)).map_err(identity_err)?;
+        keys::write_public(&dir.join(files::NODE_PUB), hex::encode(node.public()).as_bytes()).map_err(identity_err)?;
+        let mut secrets = String::with_capacity(devices as usize * 65);
+        let mut allowed = Vec::with_capacity(devices as usize);
+        for n in 0..devices {
+            let mut secret = [0u8; 32];
+            rng.fill_bytes(&mut secret);
+            let key = NodeKey::from_secret(secret);
+            secrets.push_str(&hex::encode(secret));
+            secrets.push('\n');
+            let name = device_name(n);
+            allowed.push(AllowedSender { sender_id: sender_id(&name), name, public: *key.public() });
+        }
+        keys::write_secret(&dir.join(files::DEVICE_KEYS), secrets.as_bytes()).map_err(identity_err)?;
+        let list = AllowList::new(allowed).map_err(identity_err)?;
+        keys::write_public(&dir.join(files::SENDERS), list.to_text().as_bytes()).map_err(identity_err)?;
+        Ok(())
+    }
+
+    fn serve(&self, config: ServeConfig) -> BoxFuture<'static, Result<(), TransportError>> {
+        let kind = self.kind;
+        Box::pin(async move {
+            let node = NodeKey::load(&config.identity.join(files::NODE_KEY)).map_err(identity_err)?;
+            let senders = if config.senders.is_empty() {
+                AllowList::load(&config.identity.join(files::SENDERS))
+            } else {
+                AllowList::from_args(&config.senders)
+            }
+            .map_err(identity_err)?;
+            let socket = tokio::net::UdpSocket::bind(config.listen).await?;
+            transport_core::net::set_buffers(&socket, 16 << 20)?;
+            let mut run = 0;
+            while run == 0 {
+                run = rand::rng().next_u64();
+            }
+            let public_key = hex::encode(node.public());
+            let receiver = Receiver::new(
+                ReceiverConfig {
+                    kind,
+                    key: node,
+                    senders,
+                    run,
+                    session_capacity: 65_536,
+                    secrets: Box::new(InMemorySecrets::default()),
+                },
+                config.counters.clone(),
+            );
+            let _ = config.ready.send(Ready { addr: socket.local_addr()?, public_key });
+            server::run(socket, receiver, config.store).await
+        })
+    }
+
+    fn fleet(&self, config: FleetConfig) -> BoxFuture<'static, Result<Box<dyn Fleet>, TransportError>> {
+        let kind = self.kind;
+        Box::pin(async move {
+            let receiver = keys::read_key32(&config.identity.join(files::NODE_PUB)).map_err(identity_err)?;
+            let device_keys = Pure::load_device_keys(&config.identity, config.devices)?;
+            let fleet = client::PureFleet::start(
+                config.server,
+                receiver,
+                device_keys,
+                SenderConfig::new(kind),
+                config.events,
+                config.counters,
+            )
+            .await?;
+            Ok(Box::new(fleet) as Box<dyn Fleet>)
+        })
+    }
+}

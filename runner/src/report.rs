@@ -1,0 +1,182 @@
+//! Tables from results: medians of rounds with min-max, in the layout of the seeds' tables (Markdown via `tabled`).
+
+use std::collections::BTreeMap;
+use tabled::builder::Builder;
+use tabled::settings::Style;
+use workloads::result::RunResult;
+
+/// How one column of a workload's table is computed.
+struct Column {
+    header: &'static str,
+    metric: &'static str,
+    format: Format,
+}
+
+#[derive(Clone, Copy)]
+enum Format {
+    /// Median (min-max) of rounds, as integers with thousands separators.
+    Count,
+    /// Median (min-max) of rounds, two decimals.
+    Decimal,
+    /// Every round's value, as integers, in round order (the seeds' "three rounds" column).
+    Rounds,
+    /// The sum over rounds (hard invariants: lost, duplicates).
+    Sum,
+}
+
+fn columns(workload: &str) -> Vec<Column> {
+    use Format::*;
+    let c = |header, metric, format| Column { header, metric, format };
+    match workload {
+        "drain" => vec![
+            c("orders/s, median (min-max)", "orders_per_second", Count),
+            c("orders/s, each round", "orders_per_second", Rounds),
+            c("server CPU s", "server_cpu_s", Decimal),
+            c("server X25519", "server_x25519", Count),
+            c("re-sent", "client_resent", Count),
+            c("lost", "lost", Sum),
+            c("applied twice", "duplicates", Sum),
+        ],
+        _ => Vec::new(),
+    }
+}
+
+/// Render every workload's table, in the order workloads first appear.
+pub fn render(results: &[RunResult]) -> String {
+    let mut order: Vec<&str> = Vec::new();
+    for r in results {
+        if !order.contains(&r.workload.as_str()) {
+            order.push(&r.workload);
+        }
+    }
+    let mut out = String::new();
+    for w in order {
+        let rows: Vec<&RunResult> = results.iter().filter(|r| r.workload == w).collect();
+        out.push_str(&render_workload(w, &rows));
+        out.push('\n');
+    }
+    out
+}
+
+fn render_workload(workload: &str, results: &[&RunResult]) -> String {
+    let mut by_transport: BTreeMap<usize, (&str, Vec<&RunResult>)> = BTreeMap::new();
+    let mut seen: Vec<&str> = Vec::new();
+    for r in results {
+        let i = match seen.iter().position(|t| *t == r.transport) {
+            Some(i) => i,
+            None => {
+                seen.push(&r.transport);
+                seen.len() - 1
+            }
+        };
+        by_transport.entry(i).or_insert((&r.transport, Vec::new())).1.push(r);
+    }
+    let mut cols = columns(workload);
+    if cols.is_empty() {
+        cols = generic_columns(results);
+    }
+    let mut b = Builder::default();
+    let mut header = vec!["transport".to_string(), "rounds".to_string()];
+    header.extend(cols.iter().map(|c| c.header.to_string()));
+    b.push_record(header);
+    for (_, (transport, mut runs)) in by_transport {
+        runs.sort_by_key(|r| r.round);
+        if let Some(reason) = runs.iter().find_map(|r| r.skipped.as_deref()) {
+            let mut row = vec![transport.to_string(), "-".into(), format!("does not apply: {reason}")];
+            row.extend(std::iter::repeat_n(String::new(), cols.len().saturating_sub(1)));
+            b.push_record(row);
+            continue;
+        }
+        let mut row = vec![transport.to_string(), runs.len().to_string()];
+        for c in &cols {
+            let values: Vec<f64> = runs.iter().filter_map(|r| r.metric(c.metric)).collect();
+            row.push(cell(&values, c.format));
+        }
+        b.push_record(row);
+    }
+    let mut table = b.build();
+    table.with(Style::markdown());
+    format!("### {workload}\n\n{table}\n")
+}
+
+fn generic_columns(results: &[&RunResult]) -> Vec<Column> {
+    // Unknown workload: every numeric metric, median (min-max). Names are leaked once per report, which is fine for
+    // a command that renders and exits.
+    let mut names: Vec<String> = Vec::new();
+    for r in results {
+        for (k, v) in &r.metrics {
+            if v.is_number() && !names.contains(k) {
+                names.push(k.clone());
+            }
+        }
+    }
+    names
+        .into_iter()
+        .map(|n| {
+            let n: &'static str = Box::leak(n.into_boxed_str());
+            Column { header: n, metric: n, format: Format::Decimal }
+        })
+        .collect()
+}
+
+/// The median of values (the mean of the middle two for an even count).
+pub fn median(values: &[f64]) -> Option<f64> {
+    if values.is_empty() {
+        return None;
+    }
+    let mut v = values.to_vec();
+    v.sort_by(|a, b| a.total_cmp(b));
+    let n = v.len();
+    Some(if n % 2 == 1 { v[n / 2] } else { (v[n / 2 - 1] + v[n / 2]) / 2.0 })
+}
+
+fn cell(values: &[f64], format: Format) -> String {
+    let Some(med) = median(values) else { return "-".into() };
+    let min = values.iter().copied().fold(f64::INFINITY, f64::min);
+    let max = values.iter().copied().fold(f64::NEG_INFINITY, f64::max);
+    match format {
+        Format::Count if values.len() > 1 && min != max => {
+            format!("{} ({}-{})", thousands(med), thousands(min), thousands(max))
+        }
+        Format::Count => thousands(med),
+        Format::Decimal if values.len() > 1 && min != max => format!("{med:.2} ({min:.2}-{max:.2})"),
+        Format::Decimal => format!("{med:.2}"),
+        Format::Rounds => values.iter().map(|v| thousands(*v)).collect::<Vec<_>>().join(" · "),
+        Format::Sum => thousands(values.iter().sum()),
+    }
+}
+
+/// An integer with thousands separators: 462162.4 → "462,162".
+pub fn thousands(v: f64) -> String {
+    let n = v.round() as i64;
+    let digits = n.unsigned_abs().to_string();
+    let mut out = String::new();
+    for (i, ch) in digits.chars().enumerate() {
+        if i > 0 && (digits.len() - i) % 3 == 0 {
+            out.push(',');
+        }
+        out.push(ch);
+    }
+    if n < 0 {
+        format!("-{out}")
+    } else {
+        out
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn medians_and_separators() {
+        assert_eq!(median(&[3.0, 1.0, 2.0]), Some(2.0));
+        assert_eq!(median(&[4.0, 1.0, 2.0, 3.0]), Some(2.5));
+        assert_eq!(median(&[]), None);
+        assert_eq!(thousands(462_162.4), "462,162");
+        assert_eq!(thousands(999.0), "999");
+        assert_eq!(thousands(-1234.0), "-1,234");
+        assert_eq!(cell(&[3.0, 1.0, 2.0], Format::Count), "2 (1-3)");
+        assert_eq!(cell(&[1.0, 2.0], Format::Rounds), "1 · 2");
+    }
+}

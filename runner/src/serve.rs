@@ -1,0 +1,133 @@
+//! `runner serve`: run the server side of one transport in this process until killed.
+//!
+//! Prints one JSON line when listening (`{"ready": {...}}`), then answers each `stats` line on stdin with one JSON
+//! line (`{"counters": ..., "store": ...}`). Exits when stdin closes, so a server never outlives its runner.
+
+use anyhow::{bail, Context, Result};
+use clap::Args;
+use std::io::Write;
+use std::net::SocketAddr;
+use std::path::PathBuf;
+use std::sync::Arc;
+use tokio::io::AsyncBufReadExt;
+use transport_core::process::{ReadyLine, ReadyMessage};
+use transport_core::store::Store;
+use transport_core::{Counters, ServeConfig, StoreHandle, SyncPolicy};
+
+/// Serve one transport.
+#[derive(Debug, Args)]
+pub struct ServeArgs {
+    /// The transport spec, e.g. `pure:plain`.
+    #[arg(long)]
+    pub transport: String,
+    /// Address to listen on (port 0: any free port).
+    #[arg(long, default_value = "127.0.0.1:0")]
+    pub listen: SocketAddr,
+    /// The directory the transport's `prepare` wrote (keys, certificates, allowed senders).
+    #[arg(long)]
+    pub identity: PathBuf,
+    /// The store's directory (created if missing; an existing log is recovered).
+    #[arg(long)]
+    pub store: PathBuf,
+    /// When the store syncs: none, batch (one fsync per group) or each.
+    #[arg(long, default_value = "batch")]
+    pub sync: SyncPolicy,
+    /// Threads of the server's runtime.
+    #[arg(long, default_value_t = 1)]
+    pub server_threads: usize,
+    /// An allowed sender, NAME=KEY (repeatable); replaces the identity directory's list.
+    #[arg(long = "sender", value_name = "NAME=KEY")]
+    pub senders: Vec<String>,
+    /// A file of NAME=KEY lines; replaces the identity directory's list.
+    #[arg(long = "senders", value_name = "FILE")]
+    pub senders_file: Option<PathBuf>,
+}
+
+pub fn run(args: ServeArgs) -> Result<()> {
+    let transport = crate::registry::transport(&args.transport).map_err(anyhow::Error::msg)?;
+    if args.server_threads == 0 {
+        bail!("--server-threads must be at least 1");
+    }
+    let (store, recovery) =
+        Store::open(&args.store, args.sync).with_context(|| format!("opening the store {}", args.store.display()))?;
+    if recovery.truncated_bytes > 0 {
+        eprintln!("store: cut a torn tail of {} bytes after {} records", recovery.truncated_bytes, recovery.records);
+    }
+    let mut senders = args.senders.clone();
+    if let Some(f) = &args.senders_file {
+        senders.push(format!("@{}", f.display()));
+    }
+    let runtime = if args.server_threads == 1 {
+        tokio::runtime::Builder::new_current_thread().enable_all().build()?
+    } else {
+        tokio::runtime::Builder::new_multi_thread().worker_threads(args.server_threads).enable_all().build()?
+    };
+    runtime.block_on(async move {
+        let store = StoreHandle::spawn(store);
+        let counters = Arc::new(Counters::default());
+        let (ready_tx, ready_rx) = tokio::sync::oneshot::channel();
+        let config = ServeConfig {
+            listen: args.listen,
+            identity: args.identity.clone(),
+            store: store.clone(),
+            threads: args.server_threads,
+            counters: counters.clone(),
+            senders,
+            ready: ready_tx,
+        };
+        let mut server = tokio::spawn(transport.serve(config));
+        let ready = tokio::select! {
+            r = ready_rx => r.ok(),
+            r = &mut server => {
+                match r {
+                    Ok(Err(e)) => bail!("{e}"),
+                    Ok(Ok(())) => bail!("the server stopped before it was ready"),
+                    Err(e) => bail!("the server task failed: {e}"),
+                }
+            }
+        };
+        let Some(ready) = ready else { bail!("the server stopped before it was ready") };
+        let line = ReadyMessage {
+            ready: ReadyLine {
+                transport: args.transport.clone(),
+                addr: ready.addr,
+                public_key: ready.public_key,
+                pid: std::process::id(),
+            },
+        };
+        print_line(&serde_json::to_string(&line)?)?;
+
+        let mut lines = tokio::io::BufReader::new(tokio::io::stdin()).lines();
+        loop {
+            tokio::select! {
+                r = &mut server => {
+                    match r {
+                        Ok(Err(e)) => bail!("{e}"),
+                        Ok(Ok(())) => return Ok(()),
+                        Err(e) => bail!("the server task failed: {e}"),
+                    }
+                }
+                line = lines.next_line() => {
+                    match line? {
+                        None => return Ok(()),
+                        Some(l) if l.trim() == "stats" => {
+                            let v = serde_json::json!({
+                                "counters": counters.snapshot(),
+                                "store": store.stats(),
+                            });
+                            print_line(&v.to_string())?;
+                        }
+                        Some(_) => print_line("{\"error\":\"unknown command\"}")?,
+                    }
+                }
+            }
+        }
+    })
+}
+
+fn print_line(line: &str) -> Result<()> {
+    let mut out = std::io::stdout().lock();
+    writeln!(out, "{line}")?;
+    out.flush()?;
+    Ok(())
+}

@@ -1,0 +1,300 @@
+//! One client connection's protocol, sans-IO.
+//!
+//! A [`Connection`] starts waiting for CONNECT (within the connect timeout), then serves the client's packets against
+//! the [`Broker`] state, producing [`Action`]s for the driver: control packets to send, and orders to commit to the
+//! store before their PUBACK. Any protocol violation ends it with a [`Close`], which says why; the driver then
+//! closes the network connection and calls [`Connection::closed`]. Time is passed in (`now`), so the keepalive and
+//! connect timeouts are tested with a virtual clock.
+//!
+//! # Identity
+//!
+//! Over TLS the client's identity is its certificate's common name. Its CONNECT must use that name as client
+//! identifier, or an empty identifier with a clean session (the name is then used); any other identifier is refused
+//! with CONNACK return code 2 (identifier rejected), so one certificate can never take over another device's
+//! session. User name and password are ignored. Over the plaintext listener (only when asked for) there is no
+//! certificate and the client identifier is taken as given.
+//!
+//! # The order sink
+//!
+//! A PUBLISH to `orders/<device>` carries an order body (`transport_core::framing`). It is refused (connection
+//! closed, as section 3.3.5 allows for an unauthorized PUBLISH) unless `<device>` is the connection's identity and
+//! the order's sender is that device's number; otherwise it becomes [`Action::Commit`]: the driver commits it to
+//! the store and only then sends the PUBACK, so a PUBACK means stored. Orders are not relayed to subscribers.
+
+use super::state::{Broker, ConnId};
+use crate::codec::{ConnAck, ConnectReturnCode, DecodeError, Packet, PacketId, PacketType, Publish, QoS};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+use transport_core::framing::decode_order_body;
+use transport_core::{sender_id, Counters, Order};
+
+/// The topic prefix of the order sink.
+pub const ORDERS_PREFIX: &str = "orders/";
+
+/// What the driver must do for the client, in order.
+#[derive(Debug, Clone, PartialEq)]
+pub enum Action {
+    /// Write this control packet (CONNACK, PUBACK, SUBACK, UNSUBACK, PINGRESP).
+    Send(Packet),
+    /// Commit this order to the store; then, for QoS 1, send PUBACK with this identifier. PUBACKs are sent in the
+    /// order the PUBLISH packets arrived [MQTT-4.6.0-2], so actions are carried out in order.
+    Commit {
+        /// The order.
+        order: Order,
+        /// The PUBLISH's identifier (QoS 1), or none (QoS 0).
+        packet_id: Option<PacketId>,
+    },
+}
+
+/// Why an order PUBLISH was refused.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum OrderRefusal {
+    /// The topic names another device than the connection's identity.
+    WrongDevice,
+    /// The payload is not an order body.
+    Malformed,
+    /// The order's sender is not the connection's device.
+    WrongSender,
+}
+
+/// Why a connection ends.
+#[derive(Debug, Clone, PartialEq, thiserror::Error)]
+pub enum Close {
+    /// The client sent DISCONNECT (its will is discarded).
+    #[error("the client disconnected")]
+    Disconnect,
+    /// The client closed the network connection.
+    #[error("the client closed the connection")]
+    Eof,
+    /// A packet was malformed or broke a rule of the specification.
+    #[error("malformed packet: {0}")]
+    Malformed(#[from] DecodeError),
+    /// The first packet was not CONNECT [MQTT-3.1.0-1].
+    #[error("first packet was not CONNECT")]
+    NotConnect,
+    /// A second CONNECT on the same connection [MQTT-3.1.0-2].
+    #[error("second CONNECT")]
+    SecondConnect,
+    /// CONNECT was answered with a refusal (CONNACK sent first).
+    #[error("CONNECT refused: {0:?}")]
+    Refused(ConnectReturnCode),
+    /// A PUBLISH with QoS 2, which this broker does not support.
+    #[error("QoS 2 is not supported")]
+    QoS2,
+    /// A packet only a server may send, or PUBREC/PUBREL/PUBCOMP (QoS 2 flows), from the client.
+    #[error("unexpected {0:?} from a client")]
+    Unexpected(PacketType),
+    /// An order PUBLISH was refused.
+    #[error("order refused: {0:?}")]
+    OrderRefused(OrderRefusal),
+    /// No CONNECT within the connect timeout.
+    #[error("no CONNECT in time")]
+    ConnectTimeout,
+    /// Nothing received for one and a half keepalive periods [MQTT-3.1.2-24].
+    #[error("keepalive expired")]
+    KeepaliveExpired,
+    /// Another connection connected with the same client identifier [MQTT-3.1.4-2].
+    #[error("taken over by a new connection of the same client")]
+    TakenOver,
+    /// The broker is shutting down or the socket failed.
+    #[error("connection lost: {0}")]
+    Lost(String),
+}
+
+impl Close {
+    /// Whether the will is discarded (only after DISCONNECT).
+    pub fn graceful(&self) -> bool {
+        matches!(self, Close::Disconnect)
+    }
+}
+
+#[derive(Debug)]
+struct Connected {
+    client_id: Arc<str>,
+    keep_alive: Option<Duration>,
+}
+
+/// One client connection's protocol state.
+#[derive(Debug)]
+pub struct Connection {
+    id: ConnId,
+    identity: Option<Arc<str>>,
+    connected: Option<Connected>,
+    connect_deadline: Instant,
+    last_packet: Instant,
+    counters: Arc<Counters>,
+}
+
+impl Connection {
+    /// A new connection, opened at `now`, whose verified identity (certificate common name) is `identity`, if any.
+    pub fn new(
+        id: ConnId,
+        identity: Option<String>,
+        now: Instant,
+        connect_timeout: Duration,
+        counters: Arc<Counters>,
+    ) -> Self {
+        Connection {
+            id,
+            identity: identity.map(Arc::from),
+            connected: None,
+            connect_deadline: now + connect_timeout,
+            last_packet: now,
+            counters,
+        }
+    }
+
+    /// The connection's number.
+    pub fn id(&self) -> ConnId {
+        self.id
+    }
+
+    /// The client identifier, once connected.
+    pub fn client_id(&self) -> Option<&str> {
+        self.connected.as_ref().map(|c| &*c.client_id)
+    }
+
+    /// When the connection must be closed if no packet arrives before: the connect deadline, or one and a half
+    /// keepalive periods after the last packet; `None` with keepalive 0.
+    pub fn deadline(&self) -> Option<Instant> {
+        match &self.connected {
+            None => Some(self.connect_deadline),
+            Some(c) => c.keep_alive.map(|k| self.last_packet + k + k / 2),
+        }
+    }
+
+    /// Whether the deadline has passed at `now`, and so the connection must close.
+    pub fn handle_timeout(&self, now: Instant) -> Option<Close> {
+        match self.deadline() {
+            Some(d) if d <= now => Some(if self.connected.is_some() {
+                Close::KeepaliveExpired
+            } else {
+                Close::ConnectTimeout
+            }),
+            _ => None,
+        }
+    }
+
+    /// A frame could not be decoded: close, after answering a CONNECT of another protocol level with return code
+    /// 1 [MQTT-3.1.2-2].
+    pub fn handle_decode_error(&mut self, err: DecodeError, out: &mut Vec<Action>) -> Close {
+        if let (DecodeError::UnsupportedProtocolLevel(_), None) = (&err, &self.connected) {
+            out.push(connack(false, ConnectReturnCode::UnacceptableProtocolVersion));
+            return Close::Refused(ConnectReturnCode::UnacceptableProtocolVersion);
+        }
+        Close::Malformed(err)
+    }
+
+    /// Serve one packet from the client. Actions are appended to `out`; on `Err` the connection must be closed
+    /// after the actions already in `out` (a refusing CONNACK) are written.
+    pub fn handle(
+        &mut self,
+        broker: &mut Broker,
+        packet: Packet,
+        now: Instant,
+        out: &mut Vec<Action>,
+    ) -> Result<(), Close> {
+        self.last_packet = now;
+        if self.connected.is_none() {
+            let Packet::Connect(c) = packet else {
+                return Err(Close::NotConnect);
+            };
+            let client_id: Arc<str> = match (&self.identity, c.client_id.as_str()) {
+                (Some(identity), "") if c.clean_session => identity.clone(),
+                (Some(identity), id) if id == &**identity => identity.clone(),
+                (None, "") if c.clean_session => format!("auto-{}", self.id.0).into(),
+                (None, id) if !id.is_empty() => id.into(),
+                // An empty identifier with a persistent session [MQTT-3.1.3-8], or another device's name.
+                _ => {
+                    out.push(connack(false, ConnectReturnCode::IdentifierRejected));
+                    return Err(Close::Refused(ConnectReturnCode::IdentifierRejected));
+                }
+            };
+            let present = broker.connect(self.id, &client_id, c.clean_session, c.will);
+            let keep_alive = (c.keep_alive > 0).then(|| Duration::from_secs(u64::from(c.keep_alive)));
+            self.connected = Some(Connected { client_id, keep_alive });
+            out.push(connack(present, ConnectReturnCode::Accepted));
+            return Ok(());
+        }
+        match packet {
+            Packet::Connect(_) => Err(Close::SecondConnect),
+            Packet::Publish(p) => self.publish(broker, p, out),
+            Packet::PubAck(id) => {
+                broker.puback(self.id, id);
+                Ok(())
+            }
+            Packet::Subscribe(s) => match broker.subscribe(self.id, s.packet_id, &s.filters) {
+                Some(ack) => {
+                    out.push(Action::Send(Packet::SubAck(ack)));
+                    Ok(())
+                }
+                None => Err(Close::TakenOver),
+            },
+            Packet::Unsubscribe(u) => {
+                if !broker.unsubscribe(self.id, &u.filters) {
+                    return Err(Close::TakenOver);
+                }
+                out.push(Action::Send(Packet::UnsubAck(u.packet_id)));
+                Ok(())
+            }
+            Packet::PingReq => {
+                out.push(Action::Send(Packet::PingResp));
+                Ok(())
+            }
+            Packet::Disconnect => Err(Close::Disconnect),
+            // QoS 2 flows are refused at their PUBLISH; server-to-client packets are violations from a client.
+            other => Err(Close::Unexpected(other.packet_type())),
+        }
+    }
+
+    fn publish(&mut self, broker: &mut Broker, p: Publish, out: &mut Vec<Action>) -> Result<(), Close> {
+        broker.note_received();
+        Counters::inc(&self.counters.received);
+        if p.qos == QoS::ExactlyOnce {
+            return Err(Close::QoS2);
+        }
+        if let Some(device) = p.topic.strip_prefix(ORDERS_PREFIX) {
+            let identity = self.connected.as_ref().map(|c| &*c.client_id);
+            if identity != Some(device) {
+                return Err(Close::OrderRefused(OrderRefusal::WrongDevice));
+            }
+            let order = decode_order_body(&p.payload).map_err(|_| Close::OrderRefused(OrderRefusal::Malformed))?;
+            if order.id.sender != sender_id(device) {
+                return Err(Close::OrderRefused(OrderRefusal::WrongSender));
+            }
+            out.push(Action::Commit { order, packet_id: p.packet_id });
+            return Ok(());
+        }
+        // Topics beginning with `$` are the broker's own [MQTT-4.7.2-1]: accepted and acknowledged, not routed.
+        if !p.topic.starts_with('$') {
+            broker.publish(&p.topic, p.payload, p.qos, p.retain);
+        }
+        if let Some(id) = p.packet_id {
+            out.push(Action::Send(Packet::PubAck(id)));
+        }
+        Ok(())
+    }
+
+    /// The connection is closed for `reason`: detach from the session (publishing the will unless the client
+    /// disconnected cleanly) and count refusals.
+    pub fn closed(&mut self, broker: &mut Broker, reason: &Close) {
+        let counter = match reason {
+            Close::Malformed(_) | Close::NotConnect | Close::SecondConnect | Close::Unexpected(_) | Close::QoS2 => {
+                Some(&self.counters.refused_malformed)
+            }
+            Close::OrderRefused(OrderRefusal::Malformed) => Some(&self.counters.refused_malformed),
+            Close::OrderRefused(_) | Close::Refused(_) => Some(&self.counters.refused_unknown),
+            _ => None,
+        };
+        if let Some(c) = counter {
+            Counters::inc(c);
+        }
+        if reason != &Close::TakenOver {
+            broker.disconnect(self.id, reason.graceful());
+        }
+    }
+}
+
+fn connack(session_present: bool, code: ConnectReturnCode) -> Action {
+    Action::Send(Packet::ConnAck(ConnAck { session_present, code }))
+}

@@ -1,0 +1,464 @@
+//! The broker's tokio driver: listeners, TLS, one reader and one writer task per connection, `$SYS` publication.
+//!
+//! Shaped like mini-redis: connections are bounded by a semaphore taken before `accept`; each connection owns a
+//! `BytesMut` read buffer from which frames are checked, then parsed; the whole broker runs until its future is
+//! dropped, which aborts every task it started (a `JoinSet` per listener and one for the connections).
+//!
+//! Per connection, the **reader** decodes packets, runs them through the sans-IO [`Connection`] under the broker
+//! lock, commits orders to the store (the orders of one read in one commit, group-committed with other
+//! connections') and only then queues their PUBACKs. The **writer** writes the reader's control packets and pulls
+//! deliveries from the broker when woken; it starts pulling deliveries only after the first control packet
+//! (CONNACK) is written, so CONNACK is always first [MQTT-3.2.0-1]. A slow subscriber blocks only its own writer;
+//! meanwhile its session queue fills and further QoS 0 messages for it are dropped and counted.
+
+use super::connection::{Action, Close, Connection};
+use super::state::{Broker as State, ConnId, SessionLimits, Stats};
+use crate::codec::{read_packet, Packet};
+use bytes::{Bytes, BytesMut};
+use std::collections::HashMap;
+use std::net::SocketAddr;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex, MutexGuard};
+use std::time::Duration;
+use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
+use tokio::net::{TcpListener, TcpStream};
+use tokio::sync::{mpsc, Notify, OwnedSemaphorePermit, Semaphore};
+use tokio::task::JoinSet;
+use tokio::time::Instant;
+use tokio_rustls::TlsAcceptor;
+use transport_core::store::StoreHandle;
+use transport_core::{Counters, TransportError};
+
+/// The broker's settings.
+#[derive(Debug, Clone)]
+pub struct BrokerConfig {
+    /// Queue and window bounds of each session.
+    pub limits: SessionLimits,
+    /// The largest packet accepted, fixed header included; a larger remaining length closes the connection as soon
+    /// as its header is read.
+    pub max_packet_size: usize,
+    /// Connections served at once; further clients wait in the listen backlog.
+    pub max_connections: usize,
+    /// Time from accepting a connection to its CONNECT (the TLS handshake included).
+    pub connect_timeout: Duration,
+    /// How often `$SYS/broker/...` is published.
+    pub sys_interval: Duration,
+    /// Bytes of deliveries a writer gathers into one write.
+    pub write_batch: usize,
+}
+
+impl Default for BrokerConfig {
+    fn default() -> Self {
+        BrokerConfig {
+            limits: SessionLimits::default(),
+            max_packet_size: 1 << 20,
+            max_connections: 50_000,
+            connect_timeout: Duration::from_secs(10),
+            sys_interval: Duration::from_secs(10),
+            write_batch: 64 * 1024,
+        }
+    }
+}
+
+/// A bound socket and whether it speaks TLS.
+pub struct Listener {
+    /// The bound socket.
+    pub tcp: TcpListener,
+    /// TLS 1.3 with client certificates (`transport_core::tls::server_config`); `None` is plaintext, only when asked.
+    pub tls: Option<TlsAcceptor>,
+}
+
+/// Control packets waiting for a writer, per connection; the reader waits when it is full.
+const CONTROL_QUEUE: usize = 64;
+/// How long a closing connection's writer may take to flush its last packets.
+const CLOSE_GRACE: Duration = Duration::from_secs(2);
+
+/// A connection's wake-ups: new deliveries (writer) and a takeover (reader).
+#[derive(Default)]
+struct Signal {
+    deliver: Notify,
+    kick: Notify,
+}
+
+struct Locked {
+    state: State,
+    signals: HashMap<ConnId, Arc<Signal>>,
+    scratch: Vec<ConnId>,
+}
+
+struct Shared {
+    locked: Mutex<Locked>,
+    config: BrokerConfig,
+    store: StoreHandle,
+    counters: Arc<Counters>,
+    next_conn: AtomicU64,
+}
+
+impl Shared {
+    fn lock(&self) -> MutexGuard<'_, Locked> {
+        // A panic under the lock would be a bug; the state is still consistent enough to keep serving others.
+        self.locked.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// Run `f` on the state, then wake the writers that have deliveries and the readers taken over.
+    fn with_state<R>(&self, f: impl FnOnce(&mut State) -> R) -> R {
+        let mut guard = self.lock();
+        let locked = &mut *guard;
+        let r = f(&mut locked.state);
+        locked.scratch.clear();
+        locked.state.drain_wakes(&mut locked.scratch);
+        for conn in &locked.scratch {
+            if let Some(s) = locked.signals.get(conn) {
+                s.deliver.notify_one();
+            }
+        }
+        locked.scratch.clear();
+        locked.state.drain_kicked(&mut locked.scratch);
+        for conn in &locked.scratch {
+            if let Some(s) = locked.signals.get(conn) {
+                s.kick.notify_one();
+            }
+        }
+        r
+    }
+}
+
+/// A broker ready to serve listeners.
+#[derive(Clone)]
+pub struct Broker {
+    shared: Arc<Shared>,
+}
+
+impl Broker {
+    /// A broker committing orders to `store` and counting into `counters`.
+    pub fn new(config: BrokerConfig, store: StoreHandle, counters: Arc<Counters>) -> Self {
+        let state = State::new(config.limits.clone(), counters.clone(), std::time::Instant::now());
+        Broker {
+            shared: Arc::new(Shared {
+                locked: Mutex::new(Locked { state, signals: HashMap::new(), scratch: Vec::new() }),
+                config,
+                store,
+                counters,
+                next_conn: AtomicU64::new(1),
+            }),
+        }
+    }
+
+    /// Current statistics.
+    pub fn stats(&self) -> Stats {
+        self.shared.lock().state.stats()
+    }
+
+    /// Serve `listeners` until the returned future is dropped (which stops every connection) or a listener fails
+    /// for good.
+    pub async fn run(self, listeners: Vec<Listener>) -> Result<(), TransportError> {
+        raise_fd_limit();
+        let limit = Arc::new(Semaphore::new(self.shared.config.max_connections));
+        let mut tasks = JoinSet::new();
+        for listener in listeners {
+            tasks.spawn(accept_loop(self.shared.clone(), listener, limit.clone()));
+        }
+        tasks.spawn(sys_loop(self.shared.clone()));
+        match tasks.join_next().await {
+            Some(Ok(result)) => result,
+            Some(Err(e)) => Err(TransportError::Protocol(format!("broker task failed: {e}"))),
+            None => Ok(()),
+        }
+    }
+}
+
+/// Bind `addrs` (TLS on the first, plaintext on `plaintext` if given) and serve until dropped.
+pub async fn serve(
+    config: BrokerConfig,
+    tls: (SocketAddr, TlsAcceptor),
+    plaintext: Option<SocketAddr>,
+    store: StoreHandle,
+    counters: Arc<Counters>,
+) -> Result<(), TransportError> {
+    let mut listeners = vec![Listener { tcp: TcpListener::bind(tls.0).await?, tls: Some(tls.1) }];
+    if let Some(addr) = plaintext {
+        listeners.push(Listener { tcp: TcpListener::bind(addr).await?, tls: None });
+    }
+    Broker::new(config, store, counters).run(listeners).await
+}
+
+/// Allow as many open files as the hard limit permits: each connection is one.
+fn raise_fd_limit() {
+    let mut lim = libc::rlimit { rlim_cur: 0, rlim_max: 0 };
+    // SAFETY: `lim` is a valid rlimit to read into and then pass back.
+    unsafe {
+        if libc::getrlimit(libc::RLIMIT_NOFILE, &mut lim) == 0 && lim.rlim_cur < lim.rlim_max {
+            lim.rlim_cur = lim.rlim_max;
+            libc::setrlimit(libc::RLIMIT_NOFILE, &lim);
+        }
+    }
+}
+
+async fn accept_loop(shared: Arc<Shared>, listener: Listener, limit: Arc<Semaphore>) -> Result<(), TransportError> {
+    let mut conns = JoinSet::new();
+    let mut backoff = Duration::from_millis(10);
+    loop {
+        let permit = tokio::select! {
+            permit = limit.clone().acquire_owned() => permit.map_err(|_| TransportError::Protocol("closed".into()))?,
+            Some(_) = conns.join_next(), if !conns.is_empty() => continue,
+        };
+        let tcp = loop {
+            tokio::select! {
+                accepted = listener.tcp.accept() => match accepted {
+                    Ok((tcp, _)) => {
+                        backoff = Duration::from_millis(10);
+                        break tcp;
+                    }
+                    // Out of file descriptors or a connection reset before accept: wait and go on.
+                    Err(_) => {
+                        tokio::time::sleep(backoff).await;
+                        backoff = (backoff * 2).min(Duration::from_secs(1));
+                    }
+                },
+                Some(_) = conns.join_next(), if !conns.is_empty() => {}
+            }
+        };
+        conns.spawn(handle(shared.clone(), tcp, listener.tls.clone(), permit));
+    }
+}
+
+async fn sys_loop(shared: Arc<Shared>) -> Result<(), TransportError> {
+    let mut tick = tokio::time::interval(shared.config.sys_interval);
+    tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    loop {
+        tick.tick().await;
+        let memory = transport_core::sample::rss_bytes(std::process::id()).unwrap_or(0);
+        shared.with_state(|s| s.publish_sys(std::time::Instant::now(), memory));
+    }
+}
+
+/// One accepted connection: the TLS handshake (within the connect timeout), the identity, then the MQTT session.
+async fn handle(shared: Arc<Shared>, tcp: TcpStream, tls: Option<TlsAcceptor>, _permit: OwnedSemaphorePermit) {
+    let opened = Instant::now();
+    let _ = tcp.set_nodelay(true);
+    let Some(acceptor) = tls else {
+        return session(shared, tcp, None, opened).await;
+    };
+    let deadline = opened + shared.config.connect_timeout;
+    match tokio::time::timeout_at(deadline, acceptor.accept(tcp)).await {
+        Ok(Ok(stream)) => {
+            Counters::inc(&shared.counters.handshakes);
+            let identity = stream.get_ref().1.peer_certificates().and_then(transport_core::tls::peer_device);
+            if identity.is_none() {
+                // A verified certificate without a readable common name has no identity to serve.
+                Counters::inc(&shared.counters.refused_unknown);
+                return;
+            }
+            session(shared, stream, identity, opened).await;
+        }
+        Ok(Err(e)) => {
+            let unknown = e
+                .get_ref()
+                .and_then(|inner| inner.downcast_ref::<rustls::Error>())
+                .is_some_and(|e| {
+                    matches!(
+                        e,
+                        rustls::Error::InvalidCertificate(_)
+                            | rustls::Error::NoCertificatesPresented
+                            | rustls::Error::AlertReceived(_)
+                    )
+                });
+            let counter = if unknown { &shared.counters.refused_unknown } else { &shared.counters.refused_malformed };
+            Counters::inc(counter);
+        }
+        Err(_) => Counters::inc(&shared.counters.refused_malformed),
+    }
+}
+
+/// The MQTT part of a connection over any byte stream.
+async fn session<S>(shared: Arc<Shared>, stream: S, identity: Option<String>, opened: Instant)
+where
+    S: AsyncRead + AsyncWrite + Send + Unpin + 'static,
+{
+    let id = ConnId(shared.next_conn.fetch_add(1, Ordering::Relaxed));
+    let signal = Arc::new(Signal::default());
+    shared.lock().signals.insert(id, signal.clone());
+    let (rd, wr) = tokio::io::split(stream);
+    let (control, control_rx) = mpsc::channel(CONTROL_QUEUE);
+    let writer = tokio::spawn(write_loop(shared.clone(), id, wr, control_rx, signal.clone()));
+    let writer_abort = writer.abort_handle();
+    let mut conn = Connection::new(
+        id,
+        identity,
+        opened.into_std(),
+        shared.config.connect_timeout,
+        shared.counters.clone(),
+    );
+    let reason = read_loop(&shared, &mut conn, rd, &control, &signal).await;
+    shared.with_state(|s| conn.closed(s, &reason));
+    shared.lock().signals.remove(&id);
+    drop(control);
+    // Let the writer flush what is queued (a refusing CONNACK, the last PUBACKs), but not forever.
+    if tokio::time::timeout(CLOSE_GRACE, writer).await.is_err() {
+        writer_abort.abort();
+    }
+}
+
+async fn read_loop<R: AsyncRead + Unpin>(
+    shared: &Shared,
+    conn: &mut Connection,
+    mut rd: R,
+    control: &mpsc::Sender<Bytes>,
+    signal: &Signal,
+) -> Close {
+    let max = shared.config.max_packet_size;
+    let mut buf = BytesMut::with_capacity(4096);
+    let mut actions = Vec::new();
+    loop {
+        // Every whole frame in the buffer, then the actions they produced (one store commit for their orders).
+        let mut closing = None;
+        loop {
+            match read_packet(&mut buf, max) {
+                Ok(Some(packet)) => {
+                    let now = std::time::Instant::now();
+                    if let Err(close) = shared.with_state(|s| conn.handle(s, packet, now, &mut actions)) {
+                        closing = Some(close);
+                        break;
+                    }
+                }
+                Ok(None) => break,
+                Err(e) => {
+                    closing = Some(conn.handle_decode_error(e, &mut actions));
+                    break;
+                }
+            }
+        }
+        if let Err(close) = execute(shared, &mut actions, control).await {
+            return close;
+        }
+        if let Some(close) = closing {
+            return close;
+        }
+        if buf.capacity() - buf.len() < 1024 {
+            buf.reserve(8192);
+        }
+        let deadline = conn.deadline().map(Instant::from_std);
+        tokio::select! {
+            read = rd.read_buf(&mut buf) => match read {
+                Ok(0) => return Close::Eof,
+                Ok(_) => {}
+                Err(e) => return Close::Lost(e.to_string()),
+            },
+            _ = sleep_until(deadline) => {
+                if let Some(close) = conn.handle_timeout(std::time::Instant::now()) {
+                    return close;
+                }
+            }
+            _ = signal.kick.notified() => return Close::TakenOver,
+        }
+    }
+}
+
+/// Carry out actions in order: orders are gathered and committed together before the next control packet, and
+/// their PUBACKs follow the commit.
+async fn execute(shared: &Shared, actions: &mut Vec<Action>, control: &mpsc::Sender<Bytes>) -> Result<(), Close> {
+    if actions.is_empty() {
+        return Ok(());
+    }
+    let mut out = BytesMut::new();
+    let mut orders = Vec::new();
+    let mut acks = Vec::new();
+    for action in actions.drain(..) {
+        match action {
+            Action::Commit { order, packet_id } => {
+                orders.push(order);
+                acks.extend(packet_id);
+            }
+            Action::Send(packet) => {
+                commit(shared, &mut orders, &mut acks, &mut out).await?;
+                encode(&packet, &mut out);
+            }
+        }
+    }
+    commit(shared, &mut orders, &mut acks, &mut out).await?;
+    if !out.is_empty() {
+        control.send(out.freeze()).await.map_err(|_| Close::Lost("writer stopped".into()))?;
+    }
+    Ok(())
+}
+
+async fn commit(
+    shared: &Shared,
+    orders: &mut Vec<transport_core::Order>,
+    acks: &mut Vec<crate::codec::PacketId>,
+    out: &mut BytesMut,
+) -> Result<(), Close> {
+    if orders.is_empty() {
+        return Ok(());
+    }
+    // A failed commit sends no PUBACK: the client will send the orders again, to this server or a restarted one.
+    shared.store.commit(std::mem::take(orders)).await.map_err(|e| Close::Lost(format!("store: {e}")))?;
+    for id in acks.drain(..) {
+        encode(&Packet::PubAck(id), out);
+    }
+    Ok(())
+}
+
+fn encode(packet: &Packet, out: &mut BytesMut) {
+    // Control packets the broker builds are always encodable.
+    let _ = packet.encode(out);
+}
+
+async fn write_loop<W: AsyncWrite + Unpin>(
+    shared: Arc<Shared>,
+    id: ConnId,
+    mut wr: W,
+    mut control: mpsc::Receiver<Bytes>,
+    signal: Arc<Signal>,
+) {
+    let batch = shared.config.write_batch;
+    let mut buf = BytesMut::with_capacity(4096);
+    let mut carried: Option<Bytes> = None;
+    let mut connack_written = false;
+    let mut open = true;
+    loop {
+        buf.clear();
+        if let Some(chunk) = carried.take() {
+            buf.extend_from_slice(&chunk);
+        }
+        loop {
+            match control.try_recv() {
+                Ok(chunk) => buf.extend_from_slice(&chunk),
+                Err(mpsc::error::TryRecvError::Empty) => break,
+                Err(mpsc::error::TryRecvError::Disconnected) => {
+                    open = false;
+                    break;
+                }
+            }
+        }
+        let has_control = !buf.is_empty();
+        if connack_written || has_control {
+            shared.with_state(|s| s.poll_transmit(id, &mut buf, batch));
+        }
+        if !buf.is_empty() {
+            if wr.write_all(&buf).await.is_err() || wr.flush().await.is_err() {
+                return;
+            }
+            connack_written |= has_control;
+            continue;
+        }
+        if !open {
+            break;
+        }
+        tokio::select! {
+            chunk = control.recv() => match chunk {
+                Some(chunk) => carried = Some(chunk),
+                None => open = false,
+            },
+            _ = signal.deliver.notified() => {}
+        }
+    }
+    let _ = tokio::time::timeout(CLOSE_GRACE, wr.shutdown()).await;
+}
+
+async fn sleep_until(at: Option<Instant>) {
+    match at {
+        Some(at) => tokio::time::sleep_until(at).await,
+        None => std::future::pending().await,
+    }
+}

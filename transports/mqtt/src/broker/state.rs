@@ -1,0 +1,512 @@
+//! The broker's state, sans-IO: sessions, subscriptions, retained messages, per-session queues and statistics.
+//!
+//! Connections are named by [`ConnId`]; a connection is attached to a session by [`Broker::connect`] and detached by
+//! [`Broker::disconnect`] (or by a later CONNECT with the same client identifier, which takes the session over and
+//! lists the old connection in [`Broker::drain_kicked`]). Routing a message puts it into the queue of each matching
+//! session; the driver learns which connections have something to send from [`Broker::drain_wakes`] and pulls the
+//! encoded PUBLISH packets with [`Broker::poll_transmit`].
+//!
+//! Bounds (see [`SessionLimits`]): a session's queue holds at most `max_queued_qos0` QoS 0 and `max_queued_qos1`
+//! QoS 1 messages not yet written; beyond that a new message for it is dropped and counted (the connection is
+//! kept). At most `max_inflight` QoS 1 messages per session await their PUBACK; the rest wait in the queue. A
+//! persistent session whose client is away keeps its QoS 1 messages (queued and in flight, re-sent with DUP when the
+//! client returns) and does not queue QoS 0 ones, as section 3.1.2.4 allows.
+
+use crate::codec::{encode_publish, LastWill, PacketId, QoS, SubAck, SubscribeReturnCode};
+use crate::topic::{self, SubscriptionTree};
+use bytes::{Bytes, BytesMut};
+use std::collections::{HashMap, VecDeque};
+use std::sync::Arc;
+use std::time::Instant;
+use transport_core::Counters;
+
+/// A network connection, numbered by the driver.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct ConnId(pub u64);
+
+type SessionKey = u32;
+
+/// The bounds of one session.
+#[derive(Debug, Clone)]
+pub struct SessionLimits {
+    /// QoS 0 messages queued for a connected client and not yet written; more are dropped.
+    pub max_queued_qos0: usize,
+    /// QoS 1 messages queued and not yet sent (connected or not); more are dropped.
+    pub max_queued_qos1: usize,
+    /// QoS 1 messages sent and awaiting PUBACK.
+    pub max_inflight: usize,
+    /// Subscriptions one session may hold; a SUBSCRIBE beyond gets return code 0x80 for the extra filters.
+    pub max_subscriptions: usize,
+    /// Retained messages the broker keeps; a retained PUBLISH to a new topic beyond is routed but not retained.
+    pub max_retained: usize,
+}
+
+impl Default for SessionLimits {
+    fn default() -> Self {
+        SessionLimits {
+            max_queued_qos0: 1000,
+            max_queued_qos1: 1000,
+            max_inflight: 32,
+            max_subscriptions: 1000,
+            max_retained: 100_000,
+        }
+    }
+}
+
+/// The broker's statistics, as `$SYS/broker/...` publishes them.
+#[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
+pub struct Stats {
+    /// Connections attached to a session.
+    pub clients_connected: u64,
+    /// Sessions held, connected or not.
+    pub sessions: u64,
+    /// PUBLISH packets received from clients.
+    pub messages_received: u64,
+    /// PUBLISH packets written to clients.
+    pub messages_sent: u64,
+    /// Messages dropped because a session's queue was full.
+    pub messages_dropped: u64,
+    /// Retained messages held.
+    pub retained: u64,
+    /// Subscriptions held.
+    pub subscriptions: u64,
+}
+
+/// An application message as the broker routes it: cheap to clone for many subscribers.
+#[derive(Debug, Clone)]
+struct Message {
+    topic: Arc<str>,
+    payload: Bytes,
+    qos: QoS,
+}
+
+/// One message waiting in a session.
+#[derive(Debug, Clone)]
+struct Queued {
+    msg: Message,
+    /// The QoS it is delivered with: the lower of the message's and the subscription's.
+    qos: QoS,
+    retain: bool,
+}
+
+#[derive(Debug)]
+struct Session {
+    client_id: Arc<str>,
+    clean: bool,
+    conn: Option<ConnId>,
+    will: Option<LastWill>,
+    subscriptions: Vec<(Box<str>, QoS)>,
+    queue: VecDeque<Queued>,
+    queued_qos0: usize,
+    queued_qos1: usize,
+    /// QoS 1 messages sent (or to be sent again) awaiting PUBACK, in the order they were first sent.
+    inflight: VecDeque<(PacketId, Queued)>,
+    /// How many of `inflight` were written on the current connection; the rest are re-sent with DUP.
+    inflight_sent: usize,
+    last_packet_id: u16,
+    wake_pending: bool,
+}
+
+enum Enqueued {
+    Queued,
+    Dropped,
+    NotQueued,
+}
+
+impl Session {
+    fn new(client_id: Arc<str>, clean: bool) -> Self {
+        Session {
+            client_id,
+            clean,
+            conn: None,
+            will: None,
+            subscriptions: Vec::new(),
+            queue: VecDeque::new(),
+            queued_qos0: 0,
+            queued_qos1: 0,
+            inflight: VecDeque::new(),
+            inflight_sent: 0,
+            last_packet_id: 0,
+            wake_pending: false,
+        }
+    }
+
+    fn enqueue(&mut self, item: Queued, limits: &SessionLimits) -> Enqueued {
+        match item.qos {
+            QoS::AtMostOnce if self.conn.is_none() => return Enqueued::NotQueued,
+            QoS::AtMostOnce if self.queued_qos0 >= limits.max_queued_qos0 => return Enqueued::Dropped,
+            QoS::AtMostOnce => self.queued_qos0 += 1,
+            _ if self.queued_qos1 >= limits.max_queued_qos1 => return Enqueued::Dropped,
+            _ => self.queued_qos1 += 1,
+        }
+        self.queue.push_back(item);
+        Enqueued::Queued
+    }
+
+    fn has_output(&self) -> bool {
+        !self.queue.is_empty() || self.inflight_sent < self.inflight.len()
+    }
+
+    /// The next packet identifier not in flight [MQTT-2.3.1-2]; the in-flight window is far smaller than 65,535.
+    fn next_packet_id(&mut self) -> PacketId {
+        loop {
+            self.last_packet_id = self.last_packet_id.wrapping_add(1);
+            if let Some(id) = PacketId::new(self.last_packet_id) {
+                if !self.inflight.iter().any(|(p, _)| *p == id) {
+                    return id;
+                }
+            }
+        }
+    }
+}
+
+/// The broker's state. Nothing here does I/O or reads a clock.
+#[derive(Debug)]
+pub struct Broker {
+    limits: SessionLimits,
+    counters: Arc<Counters>,
+    sessions: Vec<Option<Session>>,
+    free: Vec<SessionKey>,
+    by_client: HashMap<Arc<str>, SessionKey>,
+    by_conn: HashMap<ConnId, SessionKey>,
+    tree: SubscriptionTree<SessionKey>,
+    retained: HashMap<Arc<str>, Message>,
+    stats: Stats,
+    wakes: Vec<(ConnId, SessionKey)>,
+    kicked: Vec<ConnId>,
+    scratch: Vec<(SessionKey, QoS)>,
+    started: Instant,
+}
+
+impl Broker {
+    /// An empty broker; `now` is the start its uptime counts from. Drops are also counted in `counters.dropped`.
+    pub fn new(limits: SessionLimits, counters: Arc<Counters>, now: Instant) -> Self {
+        Broker {
+            limits,
+            counters,
+            sessions: Vec::new(),
+            free: Vec::new(),
+            by_client: HashMap::new(),
+            by_conn: HashMap::new(),
+            tree: SubscriptionTree::new(),
+            retained: HashMap::new(),
+            stats: Stats::default(),
+            wakes: Vec::new(),
+            kicked: Vec::new(),
+            scratch: Vec::new(),
+            started: now,
+        }
+    }
+
+    /// The limits in force.
+    pub fn limits(&self) -> &SessionLimits {
+        &self.limits
+    }
+
+    /// Current statistics.
+    pub fn stats(&self) -> Stats {
+        Stats {
+            sessions: self.by_client.len() as u64,
+            retained: self.retained.len() as u64,
+            subscriptions: self.tree.len() as u64,
+            ..self.stats
+        }
+    }
+
+    fn session(&mut self, key: SessionKey) -> &mut Session {
+        // Keys come from `by_client`/`by_conn`, which only hold live slots.
+        self.sessions[key as usize].as_mut().expect("session key refers to a live session")
+    }
+
+    /// Whether `conn` is attached to a session (it sent an accepted CONNECT and was not taken over).
+    pub fn is_attached(&self, conn: ConnId) -> bool {
+        self.by_conn.contains_key(&conn)
+    }
+
+    /// Attach `conn` to the session of `client_id`, creating, resuming or (with `clean`) replacing it; a connection
+    /// already attached to that session is detached as if it had dropped (its will is published) and listed in
+    /// [`Broker::drain_kicked`] [MQTT-3.1.4-2]. Returns whether a stored session was resumed (CONNACK's session
+    /// present flag). The client identifier has been checked by the caller.
+    pub fn connect(&mut self, conn: ConnId, client_id: &str, clean: bool, will: Option<LastWill>) -> bool {
+        if let Some(old) = self.by_client.get(client_id).and_then(|&k| self.sessions[k as usize].as_ref()?.conn) {
+            self.kicked.push(old);
+            self.disconnect(old, false);
+        }
+        let existing = self.by_client.get(client_id).copied();
+        let key = match existing {
+            Some(key) if !clean => key,
+            _ => {
+                if let Some(key) = existing {
+                    self.remove_session(key);
+                }
+                let id: Arc<str> = client_id.into();
+                let session = Session::new(id.clone(), clean);
+                let key = match self.free.pop() {
+                    Some(k) => {
+                        self.sessions[k as usize] = Some(session);
+                        k
+                    }
+                    None => {
+                        self.sessions.push(Some(session));
+                        (self.sessions.len() - 1) as SessionKey
+                    }
+                };
+                self.by_client.insert(id, key);
+                key
+            }
+        };
+        let present = existing.is_some() && !clean;
+        let s = self.session(key);
+        s.conn = Some(conn);
+        s.clean = clean;
+        s.will = will;
+        s.inflight_sent = 0;
+        s.wake_pending = false;
+        let wake = s.has_output();
+        self.by_conn.insert(conn, key);
+        self.stats.clients_connected += 1;
+        if wake {
+            self.wake(key);
+        }
+        present
+    }
+
+    /// Detach `conn`: a clean session ends; a persistent one keeps its subscriptions and QoS 1 messages. Unless the
+    /// client sent DISCONNECT (`graceful`), its will is published [MQTT-3.1.2-8]; with DISCONNECT it is discarded
+    /// [MQTT-3.1.2-10]. Unknown or already detached connections are ignored.
+    pub fn disconnect(&mut self, conn: ConnId, graceful: bool) {
+        let Some(key) = self.by_conn.remove(&conn) else {
+            return;
+        };
+        self.stats.clients_connected -= 1;
+        let s = self.session(key);
+        s.conn = None;
+        s.wake_pending = false;
+        let will = s.will.take();
+        if s.clean {
+            self.remove_session(key);
+        } else {
+            s.queue.retain(|q| q.qos != QoS::AtMostOnce);
+            s.queued_qos0 = 0;
+            s.inflight_sent = 0;
+        }
+        if let (false, Some(w)) = (graceful, will) {
+            self.publish(&w.topic, w.message, w.qos, w.retain);
+        }
+    }
+
+    fn remove_session(&mut self, key: SessionKey) {
+        if let Some(s) = self.sessions[key as usize].take() {
+            for (filter, _) in &s.subscriptions {
+                self.tree.remove(filter, key);
+            }
+            self.by_client.remove(&s.client_id);
+            if let Some(c) = s.conn {
+                self.by_conn.remove(&c);
+            }
+            self.free.push(key);
+        }
+    }
+
+    /// Count one PUBLISH received from a client (routed, stored as an order, or ignored).
+    pub fn note_received(&mut self) {
+        self.stats.messages_received += 1;
+    }
+
+    /// Route a message to every matching subscription, each session once at the highest QoS it subscribed with
+    /// (at most 1: QoS 2 is not granted). With `retain`, it replaces the topic's retained message, or an empty
+    /// payload removes it [MQTT-3.3.1-5, MQTT-3.3.1-10, MQTT-3.3.1-11]; deliveries to current subscribers carry
+    /// RETAIN 0 [MQTT-3.3.1-9].
+    pub fn publish(&mut self, topic: &str, payload: Bytes, qos: QoS, retain: bool) {
+        let msg = Message { topic: topic.into(), payload, qos: qos.min(QoS::AtLeastOnce) };
+        if retain {
+            if msg.payload.is_empty() {
+                self.retained.remove(topic);
+            } else if self.retained.len() < self.limits.max_retained || self.retained.contains_key(topic) {
+                self.retained.insert(msg.topic.clone(), msg.clone());
+            }
+        }
+        let mut matches = std::mem::take(&mut self.scratch);
+        self.tree.matching(topic, &mut matches);
+        for &(key, sub_qos) in &matches {
+            let item = Queued { msg: msg.clone(), qos: msg.qos.min(sub_qos), retain: false };
+            self.deliver(key, item);
+        }
+        self.scratch = matches;
+    }
+
+    fn deliver(&mut self, key: SessionKey, item: Queued) {
+        let limits = &self.limits;
+        let Some(s) = self.sessions[key as usize].as_mut() else {
+            return;
+        };
+        match s.enqueue(item, limits) {
+            Enqueued::Queued => self.wake(key),
+            Enqueued::Dropped => {
+                self.stats.messages_dropped += 1;
+                Counters::inc(&self.counters.dropped);
+            }
+            Enqueued::NotQueued => {}
+        }
+    }
+
+    fn wake(&mut self, key: SessionKey) {
+        let s = self.session(key);
+        if let (Some(conn), false) = (s.conn, s.wake_pending) {
+            s.wake_pending = true;
+            self.wakes.push((conn, key));
+        }
+    }
+
+    /// Connections that have output since the last call; the driver wakes their writers.
+    pub fn drain_wakes(&mut self, out: &mut Vec<ConnId>) {
+        for (conn, key) in self.wakes.drain(..) {
+            if let Some(s) = self.sessions[key as usize].as_mut() {
+                s.wake_pending = false;
+            }
+            out.push(conn);
+        }
+    }
+
+    /// Connections detached by a takeover since the last call; the driver closes them.
+    pub fn drain_kicked(&mut self, out: &mut Vec<ConnId>) {
+        out.append(&mut self.kicked);
+    }
+
+    /// Add or replace `conn`'s subscriptions; the maximum QoS granted is 1. Matching retained messages are queued
+    /// with RETAIN 1 [MQTT-3.3.1-6, MQTT-3.3.1-8]. `None` if `conn` is not attached.
+    pub fn subscribe(&mut self, conn: ConnId, packet_id: PacketId, filters: &[(String, QoS)]) -> Option<SubAck> {
+        let key = *self.by_conn.get(&conn)?;
+        let mut return_codes = Vec::with_capacity(filters.len());
+        for (filter, requested) in filters {
+            let granted = (*requested).min(QoS::AtLeastOnce);
+            let max = self.limits.max_subscriptions;
+            let s = self.session(key);
+            match s.subscriptions.iter().position(|(f, _)| **f == **filter) {
+                Some(i) => s.subscriptions[i].1 = granted,
+                None if s.subscriptions.len() >= max => {
+                    return_codes.push(SubscribeReturnCode::Failure);
+                    continue;
+                }
+                None => s.subscriptions.push((filter.as_str().into(), granted)),
+            }
+            self.tree.insert(filter, key, granted);
+            return_codes.push(SubscribeReturnCode::Granted(granted));
+            let retained: Vec<Queued> = self
+                .retained
+                .values()
+                .filter(|m| topic::matches(filter, &m.topic))
+                .map(|m| Queued { msg: m.clone(), qos: m.qos.min(granted), retain: true })
+                .collect();
+            for item in retained {
+                self.deliver(key, item);
+            }
+        }
+        Some(SubAck { packet_id, return_codes })
+    }
+
+    /// Remove `conn`'s subscriptions to `filters` (absent ones are ignored); false if `conn` is not attached.
+    pub fn unsubscribe(&mut self, conn: ConnId, filters: &[String]) -> bool {
+        let Some(&key) = self.by_conn.get(&conn) else {
+            return false;
+        };
+        for filter in filters {
+            let s = self.session(key);
+            if let Some(i) = s.subscriptions.iter().position(|(f, _)| **f == **filter) {
+                s.subscriptions.swap_remove(i);
+                self.tree.remove(filter, key);
+            }
+        }
+        true
+    }
+
+    /// A PUBACK from `conn`'s client: the message leaves the in-flight window. Unknown identifiers are ignored.
+    pub fn puback(&mut self, conn: ConnId, packet_id: PacketId) {
+        let Some(&key) = self.by_conn.get(&conn) else {
+            return;
+        };
+        let s = self.session(key);
+        if let Some(i) = s.inflight.iter().position(|(p, _)| *p == packet_id) {
+            s.inflight.remove(i);
+            if i < s.inflight_sent {
+                s.inflight_sent -= 1;
+            }
+            if s.has_output() {
+                self.wake(key);
+            }
+        }
+    }
+
+    /// Encode `conn`'s pending PUBLISH packets into `out` until it holds at least `max_bytes` or nothing more may be
+    /// sent: in-flight messages not yet sent on this connection first (DUP set [MQTT-4.4.0-1]), then the queue in
+    /// order, a QoS 1 message only while the in-flight window has room. Returns how many packets were added.
+    pub fn poll_transmit(&mut self, conn: ConnId, out: &mut BytesMut, max_bytes: usize) -> usize {
+        let Some(&key) = self.by_conn.get(&conn) else {
+            return 0;
+        };
+        let max_inflight = self.limits.max_inflight;
+        let s = self.sessions[key as usize].as_mut().expect("attached session is live");
+        let mut sent = 0;
+        while out.len() < max_bytes && s.inflight_sent < s.inflight.len() {
+            let (id, q) = &s.inflight[s.inflight_sent];
+            let _ = encode_publish(out, true, q.qos, q.retain, &q.msg.topic, Some(*id), &q.msg.payload);
+            s.inflight_sent += 1;
+            sent += 1;
+        }
+        while out.len() < max_bytes {
+            let Some(front) = s.queue.front() else {
+                break;
+            };
+            if front.qos != QoS::AtMostOnce && s.inflight.len() >= max_inflight {
+                break;
+            }
+            let Some(q) = s.queue.pop_front() else {
+                break;
+            };
+            let packet_id = match q.qos {
+                QoS::AtMostOnce => {
+                    s.queued_qos0 -= 1;
+                    None
+                }
+                _ => {
+                    s.queued_qos1 -= 1;
+                    Some(s.next_packet_id())
+                }
+            };
+            // Topic and payload came from a decoded packet, so they fit; a failure would only skip the message.
+            if encode_publish(out, false, q.qos, q.retain, &q.msg.topic, packet_id, &q.msg.payload).is_ok() {
+                sent += 1;
+            }
+            if let Some(id) = packet_id {
+                s.inflight.push_back((id, q));
+                s.inflight_sent += 1;
+            }
+        }
+        self.stats.messages_sent += sent as u64;
+        sent
+    }
+
+    /// Publish the statistics as retained QoS 0 messages under `$SYS/broker/`, as mosquitto names them.
+    /// `memory_used` is what the driver measured (bytes).
+    pub fn publish_sys(&mut self, now: Instant, memory_used: u64) {
+        let st = self.stats();
+        let uptime = now.saturating_duration_since(self.started).as_secs();
+        let values = [
+            ("$SYS/broker/clients/connected", st.clients_connected.to_string()),
+            ("$SYS/broker/clients/total", st.sessions.to_string()),
+            ("$SYS/broker/messages/received", st.messages_received.to_string()),
+            ("$SYS/broker/messages/sent", st.messages_sent.to_string()),
+            ("$SYS/broker/messages/dropped", st.messages_dropped.to_string()),
+            ("$SYS/broker/memory/used", memory_used.to_string()),
+            ("$SYS/broker/retained messages/count", st.retained.to_string()),
+            ("$SYS/broker/subscriptions/count", st.subscriptions.to_string()),
+            ("$SYS/broker/uptime", format!("{uptime} seconds")),
+        ];
+        for (topic, value) in values {
+            self.publish(topic, Bytes::from(value), QoS::AtMostOnce, true);
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests;

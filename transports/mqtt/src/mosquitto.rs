@@ -1,0 +1,292 @@
+//! A real mosquitto broker as a child process: the reference peer for interop tests and the `mqtt@mosquitto`
+//! variant.
+//!
+//! [`Mosquitto::start`] writes a `mosquitto.conf` into a work directory — one listener on 127.0.0.1 only, TLS 1.3,
+//! the suite's CA, server certificate and key (`transport_core::tls`), a client certificate required and its common
+//! name used as the user name, no persistence, log to stderr — starts `mosquitto -c mosquitto.conf`, and waits
+//! until the port accepts connections. The child never outlives its owner: dropping the handle kills it, and the
+//! kernel kills it (`PR_SET_PDEATHSIG`) if the owning process dies first, even by SIGKILL. The child is started
+//! from a thread of its own that lives exactly as long as the child, since the kernel ties that signal to the
+//! thread that forked.
+//!
+//! [`device_pem`] writes one device's certificate and key as PEM files, for `mosquitto_pub --cert --key`.
+
+use base64::Engine;
+use std::collections::VecDeque;
+use std::io::{BufRead, BufReader};
+use std::net::SocketAddr;
+use std::path::{Path, PathBuf};
+use std::process::{Command, ExitStatus, Stdio};
+use std::sync::{mpsc, Arc, Condvar, Mutex};
+use std::time::{Duration, Instant};
+use transport_core::tls::{DeviceCredentials, CA_FILE, SERVER_CERT_FILE, SERVER_KEY_FILE};
+
+/// What to install when the binaries are missing.
+pub const INSTALL_HINT: &str = "install Debian's packages: apt-get install -y mosquitto mosquitto-clients";
+
+/// Why mosquitto could not be started or a file could not be written.
+#[derive(Debug, thiserror::Error)]
+pub enum MosquittoError {
+    /// The `mosquitto` binary is not on PATH (nor in /usr/sbin).
+    #[error("`mosquitto` not found; {INSTALL_HINT}")]
+    Missing,
+    /// Writing the configuration or starting the process failed.
+    #[error("i/o: {0}")]
+    Io(#[from] std::io::Error),
+    /// The identity directory lacks a file or a device.
+    #[error("identity: {0}")]
+    Identity(String),
+    /// mosquitto exited before it listened; its last log lines follow.
+    #[error("mosquitto exited ({status}) before listening:\n{log}")]
+    Exited {
+        /// Its exit status.
+        status: String,
+        /// The last lines it wrote to stderr.
+        log: String,
+    },
+    /// The port did not accept connections in time.
+    #[error("mosquitto did not listen on {0} within {1:?}")]
+    Timeout(SocketAddr, Duration),
+}
+
+/// Find an executable by name on PATH, then in the sbin directories Debian installs daemons into.
+pub fn find_binary(name: &str) -> Option<PathBuf> {
+    let path = std::env::var_os("PATH").unwrap_or_default();
+    std::env::split_paths(&path)
+        .chain(["/usr/sbin", "/usr/local/sbin", "/sbin"].map(PathBuf::from))
+        .map(|dir| dir.join(name))
+        .find(|p| p.is_file())
+}
+
+/// A running mosquitto; killed when dropped.
+#[derive(Debug)]
+pub struct Mosquitto {
+    addr: SocketAddr,
+    pid: u32,
+    exit: Arc<Exit>,
+    log: Arc<Mutex<VecDeque<String>>>,
+    config: PathBuf,
+}
+
+/// The child's exit status (as text) once the launcher thread has reaped it.
+#[derive(Debug, Default)]
+struct Exit {
+    status: Mutex<Option<String>>,
+    changed: Condvar,
+}
+
+impl Exit {
+    fn set(&self, status: std::io::Result<ExitStatus>) {
+        let text = match status {
+            Ok(s) => s.to_string(),
+            Err(e) => e.to_string(),
+        };
+        *self.status.lock().unwrap_or_else(|e| e.into_inner()) = Some(text);
+        self.changed.notify_all();
+    }
+
+    fn get(&self) -> Option<String> {
+        self.status.lock().unwrap_or_else(|e| e.into_inner()).clone()
+    }
+
+    fn wait(&self, limit: Duration) {
+        let guard = self.status.lock().unwrap_or_else(|e| e.into_inner());
+        let _ = self.changed.wait_timeout_while(guard, limit, |s| s.is_none());
+    }
+}
+
+const LOG_LINES: usize = 50;
+const START_TIMEOUT: Duration = Duration::from_secs(10);
+
+impl Mosquitto {
+    /// Write `work/mosquitto.conf` for a TLS listener on `127.0.0.1:port` with the PKI in `identity`, start
+    /// mosquitto and wait until it accepts connections.
+    pub async fn start(identity: &Path, port: u16, work: &Path) -> Result<Mosquitto, MosquittoError> {
+        let binary = find_binary("mosquitto").ok_or(MosquittoError::Missing)?;
+        for file in [CA_FILE, SERVER_CERT_FILE, SERVER_KEY_FILE] {
+            if !identity.join(file).is_file() {
+                return Err(MosquittoError::Identity(format!("{} is missing", identity.join(file).display())));
+            }
+        }
+        std::fs::create_dir_all(work)?;
+        let identity = std::fs::canonicalize(identity)?;
+        let config = work.join("mosquitto.conf");
+        std::fs::write(&config, config_text(&identity, port))?;
+
+        let log = Arc::new(Mutex::new(VecDeque::new()));
+        let (started_tx, started) = mpsc::channel();
+        let exit = Arc::new(Exit::default());
+        let exit_sink = exit.clone();
+        let conf = config.clone();
+        let log_sink = log.clone();
+        std::thread::Builder::new().name("mosquitto".into()).spawn(move || {
+            let mut cmd = Command::new(binary);
+            cmd.arg("-c").arg(&conf).stdin(Stdio::null()).stdout(Stdio::null()).stderr(Stdio::piped());
+            set_parent_death_signal(&mut cmd);
+            let mut child = match cmd.spawn() {
+                Ok(c) => c,
+                Err(e) => {
+                    let _ = started_tx.send(Err(e));
+                    return;
+                }
+            };
+            let _ = started_tx.send(Ok(child.id()));
+            if let Some(stderr) = child.stderr.take() {
+                std::thread::spawn(move || {
+                    for line in BufReader::new(stderr).lines().map_while(Result::ok) {
+                        let mut log = log_sink.lock().unwrap_or_else(|e| e.into_inner());
+                        if log.len() == LOG_LINES {
+                            log.pop_front();
+                        }
+                        log.push_back(line);
+                    }
+                });
+            }
+            exit_sink.set(child.wait());
+        })?;
+        let pid = started.recv().map_err(|_| std::io::Error::other("launcher thread ended"))??;
+        let addr = SocketAddr::from(([127, 0, 0, 1], port));
+        let me = Mosquitto { addr, pid, exit, log, config };
+        me.wait_listening().await?;
+        Ok(me)
+    }
+
+    async fn wait_listening(&self) -> Result<(), MosquittoError> {
+        let start = Instant::now();
+        loop {
+            if let Some(status) = self.exit.get() {
+                // Give the log reader a moment to take the last lines.
+                tokio::time::sleep(Duration::from_millis(50)).await;
+                return Err(MosquittoError::Exited { status, log: self.log_tail() });
+            }
+            if tokio::net::TcpStream::connect(self.addr).await.is_ok() {
+                return Ok(());
+            }
+            if start.elapsed() > START_TIMEOUT {
+                return Err(MosquittoError::Timeout(self.addr, START_TIMEOUT));
+            }
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+    }
+
+    /// Where it listens.
+    pub fn addr(&self) -> SocketAddr {
+        self.addr
+    }
+
+    /// Its process id.
+    pub fn pid(&self) -> u32 {
+        self.pid
+    }
+
+    /// The configuration file it was started with.
+    pub fn config(&self) -> &Path {
+        &self.config
+    }
+
+    /// The last lines it logged.
+    pub fn log_tail(&self) -> String {
+        let log = self.log.lock().unwrap_or_else(|e| e.into_inner());
+        log.iter().cloned().collect::<Vec<_>>().join("\n")
+    }
+
+    /// Whether it is still running.
+    pub fn is_running(&self) -> bool {
+        self.exit.get().is_none()
+    }
+}
+
+impl Drop for Mosquitto {
+    fn drop(&mut self) {
+        if self.is_running() {
+            // SAFETY: plain kill(2) on the child's pid, which the launcher thread has not yet reaped.
+            unsafe {
+                libc::kill(self.pid as libc::pid_t, libc::SIGKILL);
+            }
+            self.exit.wait(Duration::from_secs(5));
+        }
+    }
+}
+
+/// The configuration: loopback only, TLS 1.3, client certificate required and used as the identity.
+pub fn config_text(identity: &Path, port: u16) -> String {
+    let file = |name: &str| identity.join(name).display().to_string();
+    let mut text = String::new();
+    // As root, mosquitto would switch to the `mosquitto` user and could no longer read the key (mode 0600).
+    // SAFETY: geteuid has no preconditions.
+    if unsafe { libc::geteuid() } == 0 {
+        text.push_str("user root\n");
+    }
+    text.push_str(&format!(
+        "per_listener_settings false\n\
+         persistence false\n\
+         log_dest stderr\n\
+         log_type error\n\
+         log_type warning\n\
+         log_type notice\n\
+         set_tcp_nodelay true\n\
+         max_queued_messages 1000\n\
+         listener {port} 127.0.0.1\n\
+         cafile {ca}\n\
+         certfile {cert}\n\
+         keyfile {key}\n\
+         require_certificate true\n\
+         use_identity_as_username true\n\
+         tls_version tlsv1.3\n",
+        ca = file(CA_FILE),
+        cert = file(SERVER_CERT_FILE),
+        key = file(SERVER_KEY_FILE),
+    ));
+    text
+}
+
+/// Ask the kernel to SIGKILL the child when the thread that forks it ends (with it, the owning process).
+fn set_parent_death_signal(cmd: &mut Command) {
+    use std::os::unix::process::CommandExt;
+    // SAFETY: prctl is async-signal-safe; nothing else runs between fork and exec.
+    unsafe {
+        cmd.pre_exec(|| {
+            if libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL) != 0 {
+                return Err(std::io::Error::last_os_error());
+            }
+            Ok(())
+        });
+    }
+}
+
+/// A free TCP port on 127.0.0.1 (bound and released: another process could take it in between, which the
+/// start then reports).
+pub fn free_port() -> std::io::Result<u16> {
+    Ok(std::net::TcpListener::bind("127.0.0.1:0")?.local_addr()?.port())
+}
+
+fn pem(label: &str, der: &[u8]) -> String {
+    let b64 = base64::engine::general_purpose::STANDARD.encode(der);
+    let mut out = format!("-----BEGIN {label}-----\n");
+    for line in b64.as_bytes().chunks(64) {
+        out.push_str(std::str::from_utf8(line).unwrap_or_default());
+        out.push('\n');
+    }
+    out.push_str(&format!("-----END {label}-----\n"));
+    out
+}
+
+/// Write device `device`'s certificate and key from `credentials` as `<out>/<name>.crt` and `<out>/<name>.key`
+/// (mode 0600) for command-line clients; returns their paths.
+pub fn device_pem(
+    credentials: &DeviceCredentials,
+    device: u32,
+    out: &Path,
+    name: &str,
+) -> Result<(PathBuf, PathBuf), MosquittoError> {
+    let (cert, key) = credentials
+        .device(device)
+        .ok_or_else(|| MosquittoError::Identity(format!("no credentials for device {device}")))?;
+    std::fs::create_dir_all(out)?;
+    let cert_path = out.join(format!("{name}.crt"));
+    let key_path = out.join(format!("{name}.key"));
+    std::fs::write(&cert_path, pem("CERTIFICATE", cert.as_ref()))?;
+    transport_core::keys::write_secret(&key_path, pem("PRIVATE KEY", key.secret_pkcs8_der()).as_bytes())
+        .map_err(|e| MosquittoError::Identity(e.to_string()))?;
+    Ok((cert_path, key_path))
+}

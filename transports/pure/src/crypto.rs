@@ -1,0 +1,292 @@
+//! The key schedule of Pure sealed links and the seal/open of records and answers.
+//!
+//! Every sealed kind ends in the same two keys per wire (sender → receiver path):
+//!
+//! - a **record key**, a ChaCha20-Poly1305 key; record number `seq` is sealed with nonce `0u32 ‖ seq` (big-endian)
+//!   and the record header as associated data;
+//! - an **answer secret**, from which the answer key of a receiver run `R` is `HKDF-Expand(secret, "pure/1 answer
+//!   key" ‖ R)`; the answer to record `seq` is a tag over the answer header with nonce `0u32 ‖ seq`.
+//!
+//! How the two are obtained depends on the kind:
+//!
+//! - `HpkeSession` / `HpkePerRequest`: an RFC 9180 HPKE setup in auth mode (DHKEM X25519-HKDF-SHA256, HKDF-SHA256,
+//!   export-only AEAD) from the sender's static key to the receiver's static key; both keys are taken from the
+//!   context's exporter (`"pure/1 record key"`, `"pure/1 answer secret"`). HPKE contexts number their own seals
+//!   and cannot open record `n` directly; exporting a key and using the record number as the nonce can, in any order
+//!   and after a receiver restart. A session lives for one sender run; per-request sets up one per record.
+//! - `Link`: a link secret `L = HKDF(salt = "pure/1 link", ikm = X25519(sender, receiver), info = pk_s ‖ pk_r)` from
+//!   the two static keys; record key `HKDF-Expand(L, "pure/1 record" ‖ sender run ‖ receiver run)`, answer secret
+//!   `HKDF-Expand(L, "pure/1 answer" ‖ sender run)`.
+//!
+//! `docs/pure.md` explains why a nonce never repeats under one key.
+
+use crate::wire::{KeyId, ENC_LEN, MADE_LEN, TAG_LEN};
+use chacha20poly1305::aead::{AeadInPlace, KeyInit};
+use chacha20poly1305::{ChaCha20Poly1305, Key, Nonce, Tag};
+use hkdf::Hkdf;
+use hpke::{Deserializable, OpModeR, OpModeS, Serializable};
+use rand_core::{CryptoRng, RngCore};
+use sha2::Sha256;
+use std::path::Path;
+use transport_core::keys::{self, KeyFileError};
+use x25519_dalek::{PublicKey, StaticSecret};
+
+type Kem = hpke::kem::X25519HkdfSha256;
+type Kdf = hpke::kdf::HkdfSha256;
+type ExportOnly = hpke::aead::ExportOnlyAead;
+
+const HPKE_INFO: &[u8] = b"pure/1 sealed link";
+
+/// A node's static X25519 key.
+#[derive(Clone)]
+pub struct NodeKey {
+    secret: StaticSecret,
+    public: [u8; 32],
+}
+
+impl std::fmt::Debug for NodeKey {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "NodeKey({})", hex::encode(self.public))
+    }
+}
+
+impl NodeKey {
+    /// A new random key.
+    pub fn generate<R: RngCore + CryptoRng>(rng: &mut R) -> NodeKey {
+        let mut bytes = [0u8; 32];
+        rng.fill_bytes(&mut bytes);
+        NodeKey::from_secret(bytes)
+    }
+
+    /// The key with these secret bytes.
+    pub fn from_secret(bytes: [u8; 32]) -> NodeKey {
+        let secret = StaticSecret::from(bytes);
+        let public = PublicKey::from(&secret).to_bytes();
+        NodeKey { secret, public }
+    }
+
+    /// Read a key file (64 hex digits).
+    pub fn load(path: &Path) -> Result<NodeKey, KeyFileError> {
+        Ok(NodeKey::from_secret(keys::read_key32(path)?))
+    }
+
+    /// Write the key file, mode 0600.
+    pub fn save(&self, path: &Path) -> Result<(), KeyFileError> {
+        keys::write_secret(path, hex::encode(self.secret.to_bytes()).as_bytes())
+    }
+
+    /// The public key.
+    pub fn public(&self) -> &[u8; 32] {
+        &self.public
+    }
+
+    /// The key id that names this key in record headers.
+    pub fn key_id(&self) -> KeyId {
+        crate::wire::key_id(&self.public)
+    }
+
+    /// The secret bytes (to build the HPKE private key).
+    fn secret_bytes(&self) -> [u8; 32] {
+        self.secret.to_bytes()
+    }
+
+    /// X25519 with a peer's public key: one scalar multiplication.
+    pub fn agree(&self, peer: &[u8; 32]) -> [u8; 32] {
+        self.secret.diffie_hellman(&PublicKey::from(*peer)).to_bytes()
+    }
+}
+
+/// Why a seal did not open.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]
+pub enum OpenError {
+    /// The HPKE setup failed (malformed or low-order encapsulated key).
+    #[error("HPKE setup failed")]
+    Setup,
+    /// The tag did not verify: forged, tampered, or sealed with another key.
+    #[error("the seal does not open")]
+    Tag,
+}
+
+/// The keys of one wire.
+#[derive(Clone)]
+pub struct WireKeys {
+    record: ChaCha20Poly1305,
+    answer_secret: [u8; 32],
+}
+
+fn nonce(seq: u64) -> Nonce {
+    let mut n = [0u8; 12];
+    n[4..].copy_from_slice(&seq.to_be_bytes());
+    Nonce::from(n)
+}
+
+fn expand(prk: &[u8; 32], info: &[&[u8]]) -> [u8; 32] {
+    let hk = Hkdf::<Sha256>::from_prk(prk).expect("32-byte PRK");
+    let mut out = [0u8; 32];
+    hk.expand_multi_info(info, &mut out).expect("32 bytes is a valid length");
+    out
+}
+
+impl WireKeys {
+    fn from_parts(record: [u8; 32], answer_secret: [u8; 32]) -> WireKeys {
+        WireKeys { record: ChaCha20Poly1305::new(Key::from_slice(&record)), answer_secret }
+    }
+
+    fn from_hpke_exporter(export: impl Fn(&[u8], &mut [u8])) -> WireKeys {
+        let mut record = [0u8; 32];
+        let mut answer = [0u8; 32];
+        export(b"pure/1 record key", &mut record);
+        export(b"pure/1 answer secret", &mut answer);
+        WireKeys::from_parts(record, answer)
+    }
+
+    /// Sender side of an HPKE auth-mode setup: a new encapsulated key and the wire keys. Costs three X25519
+    /// (ephemeral key generation, and agreement of the ephemeral and of the static key with the receiver's).
+    pub fn hpke_sender<R: RngCore + CryptoRng>(
+        rng: &mut R,
+        sender: &NodeKey,
+        receiver: &[u8; 32],
+    ) -> ([u8; ENC_LEN], WireKeys) {
+        let sk = <Kem as hpke::Kem>::PrivateKey::from_bytes(&sender.secret_bytes()).expect("32-byte key");
+        let pk = <Kem as hpke::Kem>::PublicKey::from_bytes(sender.public()).expect("32-byte key");
+        let pk_r = <Kem as hpke::Kem>::PublicKey::from_bytes(receiver).expect("32-byte key");
+        let (enc, ctx) =
+            hpke::setup_sender::<ExportOnly, Kdf, Kem, _>(&OpModeS::Auth((sk, pk)), &pk_r, HPKE_INFO, rng)
+                .expect("X25519 encapsulation to a valid key succeeds");
+        let keys = WireKeys::from_hpke_exporter(|label, out| ctx.export(label, out).expect("32-byte export"));
+        let mut enc_bytes = [0u8; ENC_LEN];
+        enc_bytes.copy_from_slice(&enc.to_bytes());
+        (enc_bytes, keys)
+    }
+
+    /// Receiver side of an HPKE auth-mode setup for a record from `sender` carrying `enc`. Costs two X25519.
+    pub fn hpke_receiver(receiver: &NodeKey, sender: &[u8; 32], enc: &[u8; ENC_LEN]) -> Result<WireKeys, OpenError> {
+        let sk = <Kem as hpke::Kem>::PrivateKey::from_bytes(&receiver.secret_bytes()).expect("32-byte key");
+        let pk_s = <Kem as hpke::Kem>::PublicKey::from_bytes(sender).map_err(|_| OpenError::Setup)?;
+        let enc = <Kem as hpke::Kem>::EncappedKey::from_bytes(enc).map_err(|_| OpenError::Setup)?;
+        let ctx = hpke::setup_receiver::<ExportOnly, Kdf, Kem>(&OpModeR::Auth(pk_s), &sk, &enc, HPKE_INFO)
+            .map_err(|_| OpenError::Setup)?;
+        Ok(WireKeys::from_hpke_exporter(|label, out| ctx.export(label, out).expect("32-byte export")))
+    }
+
+    /// The keys of a link for one (sender run, receiver run): two HKDF-Expand, no asymmetric operation.
+    pub fn link(link_secret: &[u8; 32], sender_run: u64, receiver_run: u64) -> WireKeys {
+        let record = expand(
+            link_secret,
+            &[b"pure/1 record", &sender_run.to_be_bytes(), &receiver_run.to_be_bytes()],
+        );
+        let answer = expand(link_secret, &[b"pure/1 answer", &sender_run.to_be_bytes()]);
+        WireKeys::from_parts(record, answer)
+    }
+
+    /// Seal record `seq`: appends `made_us ‖ payload` encrypted, then the tag, to `out`. `aad` is the header.
+    pub fn seal_record(&self, seq: u64, aad: &[u8], made_us: u64, payload: &[u8], out: &mut Vec<u8>) {
+        let start = out.len();
+        out.extend_from_slice(&made_us.to_be_bytes());
+        out.extend_from_slice(payload);
+        let tag = self
+            .record
+            .encrypt_in_place_detached(&nonce(seq), aad, &mut out[start..])
+            .expect("records are far below the AEAD's length limit");
+        out.extend_from_slice(&tag);
+    }
+
+    /// Open record `seq`; returns `made_us` and the payload.
+    pub fn open_record(&self, seq: u64, aad: &[u8], body: &[u8]) -> Result<(u64, Vec<u8>), OpenError> {
+        let (ct, tag) = body.split_at(body.len() - TAG_LEN);
+        let mut plain = ct.to_vec();
+        self.record
+            .decrypt_in_place_detached(&nonce(seq), aad, &mut plain, Tag::from_slice(tag))
+            .map_err(|_| OpenError::Tag)?;
+        let made_us = u64::from_be_bytes(plain[..MADE_LEN].try_into().expect("checked by the parser"));
+        plain.drain(..MADE_LEN);
+        Ok((made_us, plain))
+    }
+
+    /// The answer key for a receiver run: one HKDF-Expand.
+    pub fn answer_key(&self, receiver_run: u64) -> AnswerKey {
+        let k = expand(&self.answer_secret, &[b"pure/1 answer key", &receiver_run.to_be_bytes()]);
+        AnswerKey { run: receiver_run, aead: ChaCha20Poly1305::new(Key::from_slice(&k)) }
+    }
+}
+
+/// The key that authenticates answers of one receiver run on one wire.
+#[derive(Clone)]
+pub struct AnswerKey {
+    run: u64,
+    aead: ChaCha20Poly1305,
+}
+
+impl AnswerKey {
+    /// The receiver run this key is for.
+    pub fn run(&self) -> u64 {
+        self.run
+    }
+
+    /// The tag of the answer to record `seq` (empty plaintext, the answer header as associated data).
+    pub fn tag(&self, seq: u64, header: &[u8]) -> [u8; TAG_LEN] {
+        let tag = self
+            .aead
+            .encrypt_in_place_detached(&nonce(seq), header, &mut [])
+            .expect("empty plaintext");
+        tag.into()
+    }
+
+    /// Whether `tag` authenticates the answer to record `seq`.
+    pub fn verify(&self, seq: u64, header: &[u8], tag: &[u8]) -> bool {
+        tag.len() == TAG_LEN
+            && self
+                .aead
+                .decrypt_in_place_detached(&nonce(seq), header, &mut [], Tag::from_slice(tag))
+                .is_ok()
+    }
+}
+
+/// The link secret of a (sender, receiver) pair from the two static keys: one X25519 and one HKDF.
+/// Either side computes the same value: the sender with the receiver's public key, the receiver with the sender's.
+pub fn link_secret(own: &NodeKey, peer: &[u8; 32], sender_public: &[u8; 32], receiver_public: &[u8; 32]) -> [u8; 32] {
+    let shared = own.agree(peer);
+    let hk = Hkdf::<Sha256>::new(Some(b"pure/1 link"), &shared);
+    let mut out = [0u8; 32];
+    hk.expand_multi_info(&[sender_public, receiver_public], &mut out)
+        .expect("32 bytes is a valid length");
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use rand::{rngs::StdRng, SeedableRng};
+
+    #[test]
+    fn hpke_both_sides_agree_and_bind_the_sender() {
+        let mut rng = StdRng::seed_from_u64(1);
+        let (s, r, other) = (NodeKey::generate(&mut rng), NodeKey::generate(&mut rng), NodeKey::generate(&mut rng));
+        let (enc, ks) = WireKeys::hpke_sender(&mut rng, &s, r.public());
+        let kr = WireKeys::hpke_receiver(&r, s.public(), &enc).unwrap();
+        let mut out = Vec::new();
+        ks.seal_record(5, b"hdr", 42, b"order", &mut out);
+        assert_eq!(kr.open_record(5, b"hdr", &out).unwrap(), (42, b"order".to_vec()));
+        assert_eq!(kr.open_record(6, b"hdr", &out), Err(OpenError::Tag), "another number");
+        assert_eq!(kr.open_record(5, b"hdR", &out), Err(OpenError::Tag), "another header");
+        // The receiver believing the record came from another sender derives other keys.
+        let wrong = WireKeys::hpke_receiver(&r, other.public(), &enc).unwrap();
+        assert_eq!(wrong.open_record(5, b"hdr", &out), Err(OpenError::Tag));
+        let a = ks.answer_key(9);
+        assert!(kr.answer_key(9).verify(5, b"ans", &a.tag(5, b"ans")));
+        assert!(!kr.answer_key(10).verify(5, b"ans", &a.tag(5, b"ans")));
+    }
+
+    #[test]
+    fn link_secret_is_symmetric_and_keys_depend_on_runs() {
+        let mut rng = StdRng::seed_from_u64(2);
+        let (s, r) = (NodeKey::generate(&mut rng), NodeKey::generate(&mut rng));
+        let ls = link_secret(&s, r.public(), s.public(), r.public());
+        assert_eq!(ls, link_secret(&r, s.public(), s.public(), r.public()));
+        let mut out = Vec::new();
+        WireKeys::link(&ls, 1, 2).seal_record(0, b"h", 1, b"x", &mut out);
+        assert!(WireKeys::link(&ls, 1, 2).open_record(0, b"h", &out).is_ok());
+        assert!(WireKeys::link(&ls, 1, 3).open_record(0, b"h", &out).is_err());
+        assert!(WireKeys::link(&ls, 2, 2).open_record(0, b"h", &out).is_err());
+    }
+}

@@ -1,0 +1,313 @@
+//! The sending side of one device's link, sans-IO: orders in, datagrams and "stored" events out.
+//!
+//! A device keeps an outbox of orders not yet sent and a window of records in flight. Records leave as soon as
+//! the window has room — the backlog goes out as answers come in, not on a timer. A record with no answer is sent
+//! again after 200 ms, then after twice as long each time, up to 1 s. Every input takes `now`; the driver (or a
+//! test with a virtual clock) asks [`Sender::poll_timeout`] when to call [`Sender::handle_timeout`].
+
+use crate::crypto::{link_secret, AnswerKey, NodeKey, WireKeys};
+use crate::wire::{self, Frame, Kind, ENC_LEN, MAX_DATAGRAM};
+use rand::rngs::StdRng;
+use std::collections::{BTreeMap, VecDeque};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+use transport_core::{Counters, Order, OrderId};
+
+/// How a device's link behaves.
+#[derive(Debug, Clone)]
+pub struct SenderConfig {
+    /// How records are sealed.
+    pub kind: Kind,
+    /// Records in flight at most.
+    pub window: usize,
+    /// The first re-send waits this long.
+    pub initial_rto: Duration,
+    /// Re-sends wait at most this long.
+    pub max_rto: Duration,
+}
+
+impl SenderConfig {
+    /// The suite's defaults: a window of 64 records, re-sends after 200 ms growing to 1 s.
+    pub fn new(kind: Kind) -> SenderConfig {
+        SenderConfig { kind, window: 64, initial_rto: Duration::from_millis(200), max_rto: Duration::from_secs(1) }
+    }
+}
+
+/// What a sender reports.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum SenderEvent {
+    /// The receiver answered that this order is stored (reported once).
+    Stored(OrderId),
+}
+
+struct InFlight {
+    order: Order,
+    /// The sealed frame, and the receiver run it was sealed for (`Link` re-seals when the run changes).
+    sealed: Option<(u64, Vec<u8>)>,
+    /// Per-request records keep the answer secret of their own setup.
+    own_keys: Option<WireKeys>,
+    rto: Duration,
+    deadline: Instant,
+    queued: bool,
+}
+
+struct Session {
+    run: u64,
+    /// The receiver run the keys were derived for (`Link` only).
+    receiver_run: u64,
+    enc: [u8; ENC_LEN],
+    keys: WireKeys,
+}
+
+/// One device's link to one receiver.
+pub struct Sender {
+    config: SenderConfig,
+    key: NodeKey,
+    key_id: wire::KeyId,
+    receiver: [u8; 32],
+    rng: StdRng,
+    counters: Arc<Counters>,
+    link_secret: Option<[u8; 32]>,
+    /// HPKE session (or link keys) of the current sender run.
+    session: Option<Session>,
+    /// The receiver run the device knows (0: none yet) and the answer key for it.
+    receiver_run: u64,
+    answer_key: Option<AnswerKey>,
+    outbox: VecDeque<Order>,
+    in_flight: BTreeMap<u64, InFlight>,
+    ready: VecDeque<u64>,
+    events: VecDeque<SenderEvent>,
+}
+
+impl Sender {
+    /// A device with key `key` sending to the receiver whose public key is `receiver`.
+    pub fn new(config: SenderConfig, key: NodeKey, receiver: [u8; 32], rng: StdRng, counters: Arc<Counters>) -> Sender {
+        let key_id = key.key_id();
+        Sender {
+            config,
+            key,
+            key_id,
+            receiver,
+            rng,
+            counters,
+            link_secret: None,
+            session: None,
+            receiver_run: 0,
+            answer_key: None,
+            outbox: VecDeque::new(),
+            in_flight: BTreeMap::new(),
+            ready: VecDeque::new(),
+            events: VecDeque::new(),
+        }
+    }
+
+    /// This device's key id (how answers are routed to it).
+    pub fn key_id(&self) -> wire::KeyId {
+        self.key_id
+    }
+
+    /// The receiver run the device knows (0 before the first answer).
+    pub fn receiver_run(&self) -> u64 {
+        self.receiver_run
+    }
+
+    /// Orders handed over and not yet answered.
+    pub fn pending(&self) -> usize {
+        self.outbox.len() + self.in_flight.len()
+    }
+
+    /// Hand over an order. All orders of one device share one sender run (`id.run`); a new run starts a new session.
+    pub fn push(&mut self, now: Instant, order: Order) {
+        self.outbox.push_back(order);
+        self.fill_window(now);
+    }
+
+    fn fill_window(&mut self, now: Instant) {
+        while self.in_flight.len() < self.config.window {
+            let Some(order) = self.outbox.pop_front() else { break };
+            let seq = order.id.seq;
+            let rto = self.config.initial_rto;
+            self.in_flight.insert(
+                seq,
+                InFlight { order, sealed: None, own_keys: None, rto, deadline: now + rto, queued: true },
+            );
+            self.ready.push_back(seq);
+        }
+    }
+
+    /// Take in a datagram from the receiver.
+    pub fn handle(&mut self, now: Instant, datagram: &[u8]) {
+        for frame in wire::frames(datagram) {
+            let Ok(Frame::Answer(a)) = frame else {
+                Counters::inc(&self.counters.refused_malformed);
+                break;
+            };
+            if a.kind != self.config.kind || a.key_id != self.key_id {
+                Counters::inc(&self.counters.refused_malformed);
+                continue;
+            }
+            let Some(entry) = self.in_flight.get(&a.seq) else { continue };
+            if entry.order.id.run != a.run {
+                continue;
+            }
+            if self.config.kind.sealed() {
+                let key = match (&entry.own_keys, &self.answer_key) {
+                    (Some(own), _) => own.answer_key(a.receiver_run),
+                    (None, Some(k)) if k.run() == a.receiver_run => k.clone(),
+                    (None, _) => match &self.session {
+                        Some(s) if s.run == a.run => s.keys.answer_key(a.receiver_run),
+                        _ => continue,
+                    },
+                };
+                if !key.verify(a.seq, a.header, a.tag) {
+                    Counters::inc(&self.counters.refused_forged);
+                    continue;
+                }
+                if entry.own_keys.is_none() {
+                    self.answer_key = Some(key);
+                }
+            }
+            if a.receiver_run != self.receiver_run {
+                // A new receiver run: records sealed from now on name it. Nothing else changes on the device.
+                self.receiver_run = a.receiver_run;
+            }
+            let entry = self.in_flight.remove(&a.seq).expect("looked up above");
+            self.events.push_back(SenderEvent::Stored(entry.order.id));
+        }
+        self.fill_window(now);
+    }
+
+    /// The next event.
+    pub fn poll_event(&mut self) -> Option<SenderEvent> {
+        self.events.pop_front()
+    }
+
+    /// When [`Sender::handle_timeout`] should be called next.
+    pub fn poll_timeout(&self) -> Option<Instant> {
+        self.in_flight.values().filter(|f| !f.queued).map(|f| f.deadline).min()
+    }
+
+    /// Queue the records whose answer is overdue, and back their timers off.
+    pub fn handle_timeout(&mut self, now: Instant) {
+        for (seq, f) in self.in_flight.iter_mut() {
+            if !f.queued && f.deadline <= now {
+                f.queued = true;
+                f.rto = (f.rto * 2).min(self.config.max_rto);
+                f.deadline = now + f.rto;
+                self.ready.push_back(*seq);
+                Counters::inc(&self.counters.resent);
+            }
+        }
+    }
+
+    /// Fill `buf` with the next datagram (records packed up to [`MAX_DATAGRAM`]); false when there is nothing to send.
+    pub fn poll_transmit(&mut self, now: Instant, buf: &mut Vec<u8>) -> bool {
+        buf.clear();
+        while let Some(&seq) = self.ready.front() {
+            let Some(f) = self.in_flight.get(&seq) else {
+                self.ready.pop_front();
+                continue;
+            };
+            let fresh = match &f.sealed {
+                Some((run, _)) => self.config.kind == Kind::Link && *run != self.receiver_run,
+                None => true,
+            };
+            if fresh {
+                self.seal(seq);
+            }
+            let f = self.in_flight.get_mut(&seq).expect("present");
+            let frame = &f.sealed.as_ref().expect("sealed above").1;
+            if !buf.is_empty() && buf.len() + frame.len() > MAX_DATAGRAM {
+                break;
+            }
+            buf.extend_from_slice(frame);
+            f.queued = false;
+            f.deadline = now + f.rto;
+            self.ready.pop_front();
+        }
+        !buf.is_empty()
+    }
+
+    fn seal(&mut self, seq: u64) {
+        let kind = self.config.kind;
+        let run = self.in_flight[&seq].order.id.run;
+        let mut frame = Vec::with_capacity(wire::record_len(kind, self.in_flight[&seq].order.payload.len()));
+        let mut own_keys = None;
+        match kind {
+            Kind::Plain => {
+                let o = &self.in_flight[&seq].order;
+                let body_len = wire::MADE_LEN + o.payload.len();
+                wire::put_record_header(&mut frame, kind, &self.key_id, run, seq, &[], body_len);
+                frame.extend_from_slice(&o.made_us.to_be_bytes());
+                frame.extend_from_slice(&o.payload);
+            }
+            Kind::HpkeSession | Kind::HpkePerRequest => {
+                let (enc, keys) = if kind == Kind::HpkePerRequest {
+                    Counters::add(&self.counters.x25519, 3);
+                    WireKeys::hpke_sender(&mut self.rng, &self.key, &self.receiver)
+                } else {
+                    self.session_for(run);
+                    let s = self.session.as_ref().expect("set above");
+                    (s.enc, s.keys.clone())
+                };
+                let o = &self.in_flight[&seq].order;
+                let body_len = wire::MADE_LEN + o.payload.len() + wire::TAG_LEN;
+                let aad = wire::put_record_header(&mut frame, kind, &self.key_id, run, seq, &enc, body_len);
+                let aad = frame[aad].to_vec();
+                keys.seal_record(seq, &aad, o.made_us, &o.payload, &mut frame);
+                if kind == Kind::HpkePerRequest {
+                    own_keys = Some(keys);
+                }
+            }
+            Kind::Link => {
+                self.session_for(run);
+                let s = self.session.as_ref().expect("set above");
+                let o = &self.in_flight[&seq].order;
+                let body_len = wire::MADE_LEN + o.payload.len() + wire::TAG_LEN;
+                let variant = self.receiver_run.to_be_bytes();
+                let aad = wire::put_record_header(&mut frame, kind, &self.key_id, run, seq, &variant, body_len);
+                let aad = frame[aad].to_vec();
+                s.keys.seal_record(seq, &aad, o.made_us, &o.payload, &mut frame);
+            }
+        }
+        let f = self.in_flight.get_mut(&seq).expect("present");
+        f.sealed = Some((self.receiver_run, frame));
+        if own_keys.is_some() {
+            f.own_keys = own_keys;
+        }
+    }
+
+    /// Make sure the session (HPKE) or link keys for sender run `run` exist.
+    fn session_for(&mut self, run: u64) {
+        let current = self.session.as_ref().map(|s| (s.run, s.receiver_run));
+        match current {
+            Some((r, _)) if r == run && self.config.kind != Kind::Link => return,
+            Some((r, rr)) if r == run && rr == self.receiver_run => return,
+            Some((r, _)) if r == run => {}
+            // A new sender run: answers of the old one no longer verify with the cached key.
+            _ => self.answer_key = None,
+        }
+        match self.config.kind {
+            Kind::HpkeSession => {
+                Counters::add(&self.counters.x25519, 3);
+                let (enc, keys) = WireKeys::hpke_sender(&mut self.rng, &self.key, &self.receiver);
+                self.session = Some(Session { run, receiver_run: 0, enc, keys });
+            }
+            Kind::Link => {
+                let secret = match self.link_secret {
+                    Some(s) => s,
+                    None => {
+                        Counters::inc(&self.counters.x25519);
+                        let s = link_secret(&self.key, &self.receiver, self.key.public(), &self.receiver);
+                        self.link_secret = Some(s);
+                        s
+                    }
+                };
+                Counters::inc(&self.counters.key_derivations);
+                let keys = WireKeys::link(&secret, run, self.receiver_run);
+                self.session = Some(Session { run, receiver_run: self.receiver_run, enc: [0; ENC_LEN], keys });
+            }
+            Kind::Plain | Kind::HpkePerRequest => {}
+        }
+    }
+}

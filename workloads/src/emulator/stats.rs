@@ -1,0 +1,124 @@
+//! The delay the emulator actually added, per direction, in HDR histograms.
+
+use std::io;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Mutex, MutexGuard};
+
+use hdrhistogram::Histogram;
+
+use super::sys::Nanos;
+use super::{DelayStats, LinkMeasurement};
+
+/// Direction of a packet, also the index of its statistics.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Direction {
+    ToServer = 0,
+    ToClient = 1,
+}
+
+/// Largest delay recorded exactly (longer ones are recorded as this): ten minutes, in nanoseconds.
+const HIGHEST: u64 = 600_000_000_000;
+
+/// What one direction recorded.
+pub(crate) struct Recorder {
+    /// Added delays in nanoseconds, 3 significant digits.
+    delay: Histogram<u64>,
+    pub(crate) dropped: u64,
+    pub(crate) held: u64,
+}
+
+impl Recorder {
+    fn new() -> io::Result<Self> {
+        let delay = Histogram::new_with_bounds(1, HIGHEST, 3).map_err(io::Error::other)?;
+        Ok(Self { delay, dropped: 0, held: 0 })
+    }
+
+    /// Records a packet delivered at `sent` that was received at `received`.
+    pub(crate) fn delivered(&mut self, received: Nanos, sent: Nanos) {
+        self.delay.saturating_record(sent.saturating_sub(received));
+    }
+
+    fn stats(&self, setting: Nanos) -> DelayStats {
+        let us = |nanos: f64| nanos / 1_000.0;
+        let empty = self.delay.is_empty();
+        let quantile = |q: f64| if empty { 0.0 } else { us(self.delay.value_at_quantile(q) as f64) };
+        DelayStats {
+            packets: self.delay.len(),
+            mean_us: if empty { 0.0 } else { us(self.delay.mean()) },
+            p50_us: quantile(0.5),
+            p99_us: quantile(0.99),
+            max_us: if empty { 0.0 } else { us(self.delay.max() as f64) },
+            setting_us: us(setting as f64),
+            dropped: self.dropped,
+            held: self.held,
+        }
+    }
+}
+
+/// Shared between an emulator's thread, which records, and its handle, which reads.
+pub(crate) struct Shared {
+    directions: Mutex<[Recorder; 2]>,
+    setting: Nanos,
+    flows: AtomicU64,
+    flow_errors: AtomicU64,
+}
+
+impl Shared {
+    pub(crate) fn new(setting: Nanos) -> io::Result<Self> {
+        Ok(Self {
+            directions: Mutex::new([Recorder::new()?, Recorder::new()?]),
+            setting,
+            flows: AtomicU64::new(0),
+            flow_errors: AtomicU64::new(0),
+        })
+    }
+
+    /// The recorders, indexed by [`Direction`]. A panic elsewhere while holding the lock leaves them usable.
+    pub(crate) fn lock(&self) -> MutexGuard<'_, [Recorder; 2]> {
+        self.directions.lock().unwrap_or_else(|poisoned| poisoned.into_inner())
+    }
+
+    pub(crate) fn flow_opened(&self) {
+        self.flows.fetch_add(1, Ordering::Relaxed);
+    }
+
+    pub(crate) fn flow_failed(&self) {
+        self.flow_errors.fetch_add(1, Ordering::Relaxed);
+    }
+
+    pub(crate) fn measurement(&self) -> LinkMeasurement {
+        let directions = self.lock();
+        LinkMeasurement {
+            to_server: directions[Direction::ToServer as usize].stats(self.setting),
+            to_client: directions[Direction::ToClient as usize].stats(self.setting),
+            flows: self.flows.load(Ordering::Relaxed),
+            flow_errors: self.flow_errors.load(Ordering::Relaxed),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn stats_in_microseconds() {
+        let shared = Shared::new(10_000_000).unwrap();
+        {
+            let mut directions = shared.lock();
+            for delay in [10_000_000, 10_010_000, 10_020_000] {
+                directions[Direction::ToClient as usize].delivered(5, 5 + delay);
+            }
+            directions[Direction::ToClient as usize].dropped = 2;
+        }
+        let m = shared.measurement();
+        assert_eq!(m.to_server.packets, 0);
+        assert_eq!(m.to_server.p50_us, 0.0);
+        assert_eq!(m.to_client.packets, 3);
+        assert!((m.to_client.p50_us - 10_010.0).abs() < 10.0, "{}", m.to_client.p50_us);
+        assert!((m.to_client.mean_us - 10_010.0).abs() < 10.0);
+        assert!((m.to_client.max_us - 10_020.0).abs() < 10.0);
+        assert_eq!(m.to_client.setting_us, 10_000.0);
+        assert_eq!(m.to_client.dropped, 2);
+    }
+}

@@ -1,0 +1,430 @@
+//! The link emulator over real sockets on 127.0.0.1: accuracy of the added delay (measured by the emulator and
+//! seen by a client), many UDP clients kept apart, TCP bytes intact and in order with half-close and reset passed
+//! on, and sockets closed on drop. Run with `-- --nocapture` to see the measured numbers.
+
+use std::collections::HashSet;
+use std::io::{self, Read, Write};
+use std::net::{Shutdown, SocketAddr, TcpListener, TcpStream, UdpSocket};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex};
+use std::thread::{self, JoinHandle};
+use std::time::{Duration, Instant};
+
+use workloads::emulator::{DelayStats, LinkConfig, TcpEmulator, UdpEmulator};
+
+const LOCALHOST: &str = "127.0.0.1:0";
+
+/// A UDP server that sends every datagram back to its sender and remembers who sent.
+struct EchoServer {
+    addr: SocketAddr,
+    peers: Arc<Mutex<HashSet<SocketAddr>>>,
+    stop: Arc<AtomicBool>,
+    thread: Option<JoinHandle<()>>,
+}
+
+impl EchoServer {
+    fn start() -> Self {
+        Self::start_on(LOCALHOST.parse().unwrap())
+    }
+
+    fn start_on(addr: SocketAddr) -> Self {
+        let socket = UdpSocket::bind(addr).unwrap();
+        socket.set_read_timeout(Some(Duration::from_millis(20))).unwrap();
+        let addr = socket.local_addr().unwrap();
+        let peers = Arc::new(Mutex::new(HashSet::new()));
+        let stop = Arc::new(AtomicBool::new(false));
+        let thread = thread::spawn({
+            let (peers, stop) = (Arc::clone(&peers), Arc::clone(&stop));
+            move || {
+                let mut buf = [0u8; 2048];
+                while !stop.load(Ordering::Relaxed) {
+                    if let Ok((n, from)) = socket.recv_from(&mut buf) {
+                        peers.lock().unwrap().insert(from);
+                        let _ = socket.send_to(&buf[..n], from);
+                    }
+                }
+            }
+        });
+        Self { addr, peers, stop, thread: Some(thread) }
+    }
+
+    fn peers(&self) -> usize {
+        self.peers.lock().unwrap().len()
+    }
+}
+
+impl Drop for EchoServer {
+    fn drop(&mut self) {
+        self.stop.store(true, Ordering::Relaxed);
+        if let Some(thread) = self.thread.take() {
+            thread.join().unwrap();
+        }
+    }
+}
+
+/// Sends `count` pings to `target`, one every `interval` without waiting for answers (so the test does not take
+/// `count` round trips), and returns the round trip of each answer, in microseconds, sorted.
+fn ping(target: SocketAddr, count: u64, interval: Duration) -> Vec<f64> {
+    let socket = UdpSocket::bind(LOCALHOST).unwrap();
+    socket.connect(target).unwrap();
+    socket.set_read_timeout(Some(Duration::from_millis(500))).unwrap();
+    let base = Instant::now();
+    let sender = thread::spawn({
+        let socket = socket.try_clone().unwrap();
+        move || {
+            for seq in 0..count {
+                let mut payload = [0u8; 16];
+                payload[..8].copy_from_slice(&seq.to_be_bytes());
+                payload[8..].copy_from_slice(&(base.elapsed().as_nanos() as u64).to_be_bytes());
+                socket.send(&payload).unwrap();
+                thread::sleep(interval);
+            }
+        }
+    });
+    let mut rtts = Vec::new();
+    let mut buf = [0u8; 64];
+    while (rtts.len() as u64) < count {
+        match socket.recv(&mut buf) {
+            Ok(16) => {
+                let sent = u64::from_be_bytes(buf[8..16].try_into().unwrap());
+                let rtt = base.elapsed().as_nanos() as u64 - sent;
+                rtts.push(rtt as f64 / 1000.0);
+            }
+            Ok(n) => panic!("unexpected {n}-byte answer"),
+            Err(e) if e.kind() == io::ErrorKind::WouldBlock || e.kind() == io::ErrorKind::TimedOut => break,
+            Err(e) => panic!("{e}"),
+        }
+    }
+    sender.join().unwrap();
+    assert_eq!(rtts.len() as u64, count, "every ping answered");
+    rtts.sort_by(f64::total_cmp);
+    rtts
+}
+
+fn median(sorted: &[f64]) -> f64 {
+    sorted[sorted.len() / 2]
+}
+
+/// The issue's bound: within 2 % of the setting or 0.2 ms, whichever is larger.
+fn assert_accurate(label: &str, stats: &DelayStats, setting: Duration) {
+    let setting_us = setting.as_secs_f64() * 1e6;
+    let bound_us = (setting_us * 0.02).max(200.0);
+    eprintln!(
+        "{label}: setting {:.0} us, measured p50 {:.1} us, mean {:.1} us, p99 {:.1} us, max {:.1} us over {} packets",
+        stats.setting_us, stats.p50_us, stats.mean_us, stats.p99_us, stats.max_us, stats.packets
+    );
+    assert_eq!(stats.setting_us, setting_us);
+    assert!(stats.packets > 0, "{label}: nothing measured");
+    assert!(
+        (stats.p50_us - setting_us).abs() <= bound_us,
+        "{label}: median added delay {:.1} us is not within {bound_us:.0} us of {setting_us:.0} us",
+        stats.p50_us
+    );
+    // The emulator never delivers early.
+    assert!(stats.p50_us >= setting_us, "{label}: delivered early");
+}
+
+fn udp_delay_is_accurate(one_way: Duration) {
+    let server = EchoServer::start();
+    let count = 300;
+    let interval = Duration::from_millis(2);
+    let direct = ping(server.addr, count, interval);
+    let emulator = UdpEmulator::start(server.addr, LinkConfig::with_delay(one_way)).unwrap();
+    let relayed = ping(emulator.addr(), count, interval);
+
+    let measured = emulator.measured();
+    assert_accurate("udp to server", &measured.to_server, one_way);
+    assert_accurate("udp to client", &measured.to_client, one_way);
+    assert_eq!(measured.to_server.packets, count);
+    assert_eq!(measured.to_client.packets, count);
+    assert_eq!((measured.to_server.dropped, measured.to_client.dropped), (0, 0));
+    assert_eq!(measured.flows, 1);
+
+    // From the client: the round trip grows by twice the setting. The client's clock readings include this shared
+    // machine's scheduling noise, hence medians and a wider bound.
+    let added_us = median(&relayed) - median(&direct);
+    let expected_us = 2.0 * one_way.as_secs_f64() * 1e6;
+    eprintln!(
+        "client: rtt p50 {:.1} us direct, {:.1} us through the emulator (p99 {:.1} us): added {added_us:.1} us, \
+         expected {expected_us:.0} us",
+        median(&direct),
+        median(&relayed),
+        relayed[relayed.len() * 99 / 100],
+    );
+    assert!((added_us - expected_us).abs() <= 1000.0, "client-side added rtt {added_us:.1} us");
+}
+
+#[test]
+fn udp_delay_10ms() {
+    udp_delay_is_accurate(Duration::from_millis(10));
+}
+
+#[test]
+fn udp_delay_50ms() {
+    udp_delay_is_accurate(Duration::from_millis(50));
+}
+
+#[test]
+fn udp_zero_delay_relays() {
+    let server = EchoServer::start();
+    let emulator = UdpEmulator::start(server.addr, LinkConfig::with_delay(Duration::ZERO)).unwrap();
+    let rtts = ping(emulator.addr(), 50, Duration::from_micros(200));
+    eprintln!("zero delay: rtt p50 {:.1} us through the emulator", median(&rtts));
+    assert_eq!(emulator.measured().to_client.packets, 50);
+}
+
+#[test]
+fn many_udp_clients_are_kept_apart() {
+    const CLIENTS: usize = 1000;
+    const PER_CLIENT: usize = 3;
+    let server = EchoServer::start();
+    let emulator = UdpEmulator::start(server.addr, LinkConfig::with_delay(Duration::from_millis(5))).unwrap();
+    let clients: Vec<UdpSocket> = (0..CLIENTS)
+        .map(|_| {
+            let socket = UdpSocket::bind(LOCALHOST).unwrap();
+            socket.connect(emulator.addr()).unwrap();
+            socket.set_nonblocking(true).unwrap();
+            socket
+        })
+        .collect();
+    for round in 0..PER_CLIENT {
+        for (i, client) in clients.iter().enumerate() {
+            client.send(format!("{i}/{round}").as_bytes()).unwrap();
+        }
+    }
+    let mut got = vec![0usize; CLIENTS];
+    let deadline = Instant::now() + Duration::from_secs(10);
+    let mut buf = [0u8; 64];
+    while got.iter().any(|&n| n < PER_CLIENT) && Instant::now() < deadline {
+        for (i, client) in clients.iter().enumerate() {
+            while let Ok(n) = client.recv(&mut buf) {
+                let text = std::str::from_utf8(&buf[..n]).unwrap();
+                let owner: usize = text.split('/').next().unwrap().parse().unwrap();
+                assert_eq!(owner, i, "client {i} received {text}");
+                got[i] += 1;
+            }
+        }
+        thread::sleep(Duration::from_millis(1));
+    }
+    assert!(got.iter().all(|&n| n == PER_CLIENT), "some client lost echoes: {:?}", got.iter().filter(|&&n| n < PER_CLIENT).count());
+    assert_eq!(server.peers(), CLIENTS, "the server sees one peer per client");
+    let measured = emulator.measured();
+    assert_eq!(measured.flows, CLIENTS as u64);
+    assert_eq!(measured.flow_errors, 0);
+    assert_accurate("many clients, to server", &measured.to_server, Duration::from_millis(5));
+}
+
+#[test]
+fn udp_keeps_up_with_twenty_thousand_datagrams_a_second() {
+    const RATE: u64 = 20_000;
+    const SECONDS: u64 = 1;
+    let server = EchoServer::start();
+    let one_way = Duration::from_millis(10);
+    let emulator = UdpEmulator::start(server.addr, LinkConfig::with_delay(one_way)).unwrap();
+    let socket = UdpSocket::bind(LOCALHOST).unwrap();
+    socket.connect(emulator.addr()).unwrap();
+    socket.set_read_timeout(Some(Duration::from_millis(300))).unwrap();
+    let sender = thread::spawn({
+        let socket = socket.try_clone().unwrap();
+        move || {
+            // 20 datagrams every millisecond, on an absolute schedule.
+            let start = Instant::now();
+            for ms in 0..SECONDS * 1000 {
+                for _ in 0..RATE / 1000 {
+                    socket.send(&[0u8; 64]).unwrap();
+                }
+                let next = start + Duration::from_millis(ms + 1);
+                thread::sleep(next.saturating_duration_since(Instant::now()));
+            }
+        }
+    });
+    let mut received = 0u64;
+    let mut buf = [0u8; 128];
+    while socket.recv(&mut buf).is_ok() {
+        received += 1;
+    }
+    sender.join().unwrap();
+    let sent = RATE * SECONDS;
+    let measured = emulator.measured();
+    eprintln!("{sent} sent, {received} echoed; emulator {measured:?}");
+    assert!(received * 1000 >= sent * 995, "{received} of {sent} echoed");
+    assert_eq!(measured.to_server.dropped + measured.to_client.dropped, 0);
+    assert_accurate("20k/s to server", &measured.to_server, one_way);
+    assert_accurate("20k/s to client", &measured.to_client, one_way);
+}
+
+#[test]
+fn udp_flow_survives_a_server_restart() {
+    let server = EchoServer::start();
+    let addr = server.addr;
+    let emulator = UdpEmulator::start(addr, LinkConfig::with_delay(Duration::from_millis(1))).unwrap();
+    let client = UdpSocket::bind(LOCALHOST).unwrap();
+    client.connect(emulator.addr()).unwrap();
+    client.set_read_timeout(Some(Duration::from_millis(500))).unwrap();
+    let mut buf = [0u8; 16];
+    client.send(b"one").unwrap();
+    assert_eq!(client.recv(&mut buf).unwrap(), 3);
+
+    // The server goes away: the emulator's upstream socket gets ICMP port unreachable.
+    drop(server);
+    client.send(b"lost").unwrap();
+    thread::sleep(Duration::from_millis(50));
+
+    let server = EchoServer::start_on(addr);
+    client.send(b"two").unwrap();
+    assert_eq!(client.recv(&mut buf).unwrap(), 3);
+    assert_eq!(&buf[..3], b"two");
+    assert_eq!(emulator.measured().flows, 1);
+    assert_eq!(server.peers(), 1);
+}
+
+/// A TCP server that echoes each connection until EOF, then shuts its side down.
+fn tcp_echo_server() -> SocketAddr {
+    let listener = TcpListener::bind(LOCALHOST).unwrap();
+    let addr = listener.local_addr().unwrap();
+    thread::spawn(move || {
+        for stream in listener.incoming() {
+            let Ok(mut stream) = stream else { return };
+            thread::spawn(move || {
+                let mut buf = [0u8; 16 * 1024];
+                loop {
+                    match stream.read(&mut buf) {
+                        Ok(0) | Err(_) => break,
+                        Ok(n) => {
+                            if stream.write_all(&buf[..n]).is_err() {
+                                return;
+                            }
+                        }
+                    }
+                }
+                let _ = stream.shutdown(Shutdown::Write);
+            });
+        }
+    });
+    addr
+}
+
+fn pattern(len: usize) -> Vec<u8> {
+    (0..len).map(|i| (i % 251) as u8).collect()
+}
+
+#[test]
+fn tcp_bytes_arrive_intact_in_order_and_delayed() {
+    let one_way = Duration::from_millis(10);
+    let emulator = TcpEmulator::start(tcp_echo_server(), LinkConfig::with_delay(one_way)).unwrap();
+
+    // The first answer takes the emulated handshake (1.5 round trips) plus one round trip.
+    let start = Instant::now();
+    let mut stream = TcpStream::connect(emulator.addr()).unwrap();
+    stream.write_all(b"hello").unwrap();
+    let mut buf = [0u8; 5];
+    stream.read_exact(&mut buf).unwrap();
+    let first = start.elapsed();
+    assert_eq!(&buf, b"hello");
+    eprintln!("tcp: first answer after {first:?} (4 x {one_way:?} expected)");
+    assert!(first >= 4 * one_way, "{first:?}");
+    assert!(first < 4 * one_way + Duration::from_millis(20), "{first:?}");
+
+    // Then a round trip takes twice the one-way delay.
+    let start = Instant::now();
+    stream.write_all(b"again").unwrap();
+    stream.read_exact(&mut buf).unwrap();
+    let rtt = start.elapsed();
+    eprintln!("tcp: round trip {rtt:?}");
+    assert!(rtt >= 2 * one_way && rtt < 2 * one_way + Duration::from_millis(10), "{rtt:?}");
+
+    // A few megabytes both ways, written and read at once.
+    let data = pattern(3 << 20);
+    let writer = thread::spawn({
+        let mut stream = stream.try_clone().unwrap();
+        let data = data.clone();
+        move || {
+            stream.write_all(&data).unwrap();
+            // Half-close: the server sees EOF, finishes echoing, and closes its side.
+            stream.shutdown(Shutdown::Write).unwrap();
+        }
+    });
+    let mut echoed = Vec::new();
+    stream.read_to_end(&mut echoed).unwrap();
+    writer.join().unwrap();
+    assert!(echoed.len() == data.len() && echoed == data, "echo differs ({} of {} bytes)", echoed.len(), data.len());
+
+    let measured = emulator.measured();
+    eprintln!("tcp: {measured:?}");
+    assert_eq!(measured.flows, 1);
+    assert!(measured.to_server.p50_us >= measured.to_server.setting_us);
+    assert!(measured.to_client.p50_us >= measured.to_client.setting_us);
+    assert_eq!(measured.to_server.dropped + measured.to_client.dropped, 0);
+}
+
+#[test]
+fn tcp_server_close_and_reset_reach_the_client() {
+    let listener = TcpListener::bind(LOCALHOST).unwrap();
+    let upstream = listener.local_addr().unwrap();
+    let emulator = TcpEmulator::start(upstream, LinkConfig::with_delay(Duration::from_millis(2))).unwrap();
+    let server = thread::spawn(move || {
+        // First connection: say goodbye and close.
+        let (mut stream, _) = listener.accept().unwrap();
+        stream.write_all(b"bye").unwrap();
+        drop(stream);
+        // Second: reset.
+        let (stream, _) = listener.accept().unwrap();
+        let linger = libc::linger { l_onoff: 1, l_linger: 0 };
+        let rc = unsafe {
+            libc::setsockopt(
+                std::os::fd::AsRawFd::as_raw_fd(&stream),
+                libc::SOL_SOCKET,
+                libc::SO_LINGER,
+                (&linger as *const libc::linger).cast(),
+                std::mem::size_of::<libc::linger>() as libc::socklen_t,
+            )
+        };
+        assert_eq!(rc, 0);
+        drop(stream);
+    });
+
+    let mut client = TcpStream::connect(emulator.addr()).unwrap();
+    let mut got = Vec::new();
+    client.read_to_end(&mut got).unwrap();
+    assert_eq!(got, b"bye");
+
+    let mut client = TcpStream::connect(emulator.addr()).unwrap();
+    client.set_read_timeout(Some(Duration::from_secs(5))).unwrap();
+    let error = client.read(&mut [0u8; 8]).unwrap_err();
+    assert_eq!(error.kind(), io::ErrorKind::ConnectionReset);
+    server.join().unwrap();
+}
+
+#[test]
+fn tcp_refused_upstream_resets_the_client() {
+    // A port nothing listens on.
+    let upstream = TcpListener::bind(LOCALHOST).unwrap().local_addr().unwrap();
+    let emulator = TcpEmulator::start(upstream, LinkConfig::with_delay(Duration::from_millis(1))).unwrap();
+    let mut client = TcpStream::connect(emulator.addr()).unwrap();
+    client.set_read_timeout(Some(Duration::from_secs(5))).unwrap();
+    let error = client.read(&mut [0u8; 8]).unwrap_err();
+    assert_eq!(error.kind(), io::ErrorKind::ConnectionReset);
+    assert_eq!(emulator.measured().flow_errors, 1);
+}
+
+#[test]
+fn drop_closes_the_sockets() {
+    let server = EchoServer::start();
+    let udp = UdpEmulator::start(server.addr, LinkConfig::with_delay(Duration::from_millis(1))).unwrap();
+    let tcp = TcpEmulator::start(tcp_echo_server(), LinkConfig::with_delay(Duration::from_millis(1))).unwrap();
+    let (udp_addr, tcp_addr) = (udp.addr(), tcp.addr());
+    let _ = ping(udp_addr, 1, Duration::ZERO);
+    drop(udp);
+    drop(tcp);
+    // The ports are free again: nothing holds the sockets.
+    UdpSocket::bind(udp_addr).unwrap();
+    assert_eq!(TcpStream::connect(tcp_addr).unwrap_err().kind(), io::ErrorKind::ConnectionRefused);
+}
+
+#[test]
+fn bad_config_is_an_error() {
+    let config = LinkConfig::with_delay(Duration::from_secs(3600));
+    let upstream = "127.0.0.1:9".parse().unwrap();
+    assert_eq!(UdpEmulator::start(upstream, config.clone()).err().unwrap().kind(), io::ErrorKind::InvalidInput);
+    assert_eq!(TcpEmulator::start(upstream, config).err().unwrap().kind(), io::ErrorKind::InvalidInput);
+}
