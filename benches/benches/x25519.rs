@@ -45,9 +45,36 @@ fn x25519(c: &mut Criterion) {
     g.finish();
 }
 
+/// OpenSSL X25519 measured the way `openssl speed` measures (`speed-loop`: the peer set once, then only the
+/// derivation) beside the `openssl` column of `x25519/agree` (`evp`).
+fn openssl_paths(c: &mut Criterion) {
+    let (_, peer) = x25519::Dalek::keygen();
+    let mut g = c.benchmark_group("openssl-paths/x25519");
+    g.bench_function("speed-loop", |b| {
+        let secret = x25519::Openssl::keygen().0;
+        let peer = openssl::pkey::PKey::public_key_from_raw_bytes(&peer, openssl::pkey::Id::X25519)
+            .unwrap();
+        let mut deriver = openssl::derive::Deriver::new(&secret).unwrap();
+        deriver.set_peer(&peer).unwrap();
+        b.iter(|| {
+            let mut shared = [0u8; 32];
+            deriver.derive(&mut shared).unwrap();
+            shared
+        })
+    });
+    g.bench_function("evp", |b| {
+        b.iter_batched(
+            || x25519::Openssl::keygen().0,
+            |secret| x25519::Openssl::agree(secret, black_box(&peer)).unwrap(),
+            BatchSize::SmallInput,
+        )
+    });
+    g.finish();
+}
+
 criterion_group! {
     name = benches;
     config = common::config();
-    targets = x25519
+    targets = x25519, openssl_paths
 }
 criterion_main!(benches);

@@ -27,6 +27,13 @@ const GROUPS: &[(&str, &str)] = &[
     ("aead/aes128gcm-open", "AES-128-GCM open"),
     ("aead/chacha20poly1305-seal", "ChaCha20-Poly1305 seal"),
     ("aead/chacha20poly1305-open", "ChaCha20-Poly1305 open"),
+    ("openssl-paths/ecdh", "ECDH P-256"),
+    ("openssl-paths/ecdsa-sign", "ECDSA P-256 sign"),
+    (
+        "openssl-paths/ecdsa-verify",
+        "ECDSA P-256 verify (parsed key)",
+    ),
+    ("openssl-paths/x25519", "X25519 agreement"),
 ];
 
 /// The groups of the seed table; the rest go into one table per area.

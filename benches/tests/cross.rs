@@ -19,14 +19,23 @@ fn messages() -> impl Iterator<Item = Vec<u8>> {
         .map(|i| nistp256::certificate_verify_message(nistp256::SERVER_CONTEXT, &[i; 32]))
 }
 
-fn signed_by<S: P256>() -> (nistp256::Sec1Point, Vec<(Vec<u8>, Vec<u8>)>) {
+/// A public key and (signature, message) pairs made with its private key.
+struct Signed {
+    public: nistp256::Sec1Point,
+    signatures: Vec<(Vec<u8>, Vec<u8>)>,
+}
+
+fn signed_by<S: P256>() -> Signed {
     let (key, public) = S::signing_key();
-    (public, messages().map(|m| (S::sign(&key, &m), m)).collect())
+    Signed {
+        public,
+        signatures: messages().map(|m| (S::sign(&key, &m), m)).collect(),
+    }
 }
 
 fn verifies<S: P256, V: P256>() {
-    let (public, signed) = signed_by::<S>();
-    for (sig, msg) in &signed {
+    let Signed { public, signatures } = signed_by::<S>();
+    for (sig, msg) in &signatures {
         assert!(
             V::verify(&public, msg, sig),
             "{} signed, {} refused",
@@ -51,9 +60,9 @@ fn verifies<S: P256, V: P256>() {
 }
 
 fn verifies_parsed<S: P256, V: P256ParsedVerify>() {
-    let (public, signed) = signed_by::<S>();
+    let Signed { public, signatures } = signed_by::<S>();
     let key = V::parse_verifying_key(&public).unwrap();
-    for (sig, msg) in &signed {
+    for (sig, msg) in &signatures {
         assert!(
             V::verify_parsed(&key, msg, sig),
             "{} signed, {} (parsed key) refused",
@@ -225,6 +234,12 @@ fn the_aeads_agree_byte_for_byte_and_refuse_a_tampered_tag() {
     }
 }
 
+enum Tamper {
+    Tag,
+    Record,
+    Aad,
+}
+
 fn hpke_checks<A: hpke::aead::Aead>() {
     let parties = Parties::generate();
     let (encapped, mut sender) = parties.setup_sender::<A>();
@@ -244,14 +259,8 @@ fn hpke_checks<A: hpke::aead::Aead>() {
         assert_eq!(buf, plain);
     }
 
-    // a tampered tag, a tampered record, other associated data: refused (each on a fresh pair, since a failed
-    // open does not advance the receiver's sequence number but a seal advances the sender's)
-    let tamper: [&dyn Fn(&mut Vec<u8>, &mut Vec<u8>, &mut Vec<u8>); 3] = [
-        &|_, tag, _| tag[0] ^= 1,
-        &|record, _, _| record[0] ^= 1,
-        &|_, _, aad| aad.push(0),
-    ];
-    for change in tamper {
+    // a tampered tag, a tampered record, other associated data: refused (each on a fresh session)
+    for change in [Tamper::Tag, Tamper::Record, Tamper::Aad] {
         let (encapped, mut sender) = parties.setup_sender::<A>();
         let mut receiver = parties
             .setup_receiver::<A>(&parties.sender.1, &encapped)
@@ -259,7 +268,11 @@ fn hpke_checks<A: hpke::aead::Aead>() {
         let mut record = vec![0x42; 64];
         let tag = sender.seal_in_place_detached(&mut record, b"aad").unwrap();
         let (mut tag, mut aad) = (hpke_auth::tag_bytes(&tag), b"aad".to_vec());
-        change(&mut record, &mut tag, &mut aad);
+        match change {
+            Tamper::Tag => tag[0] ^= 1,
+            Tamper::Record => record[0] ^= 1,
+            Tamper::Aad => aad.push(0),
+        }
         let tag = hpke_auth::tag_from_bytes::<A>(&tag).unwrap();
         assert!(receiver
             .open_in_place_detached(&mut record, &aad, &tag)

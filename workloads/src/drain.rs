@@ -41,7 +41,7 @@ impl DrainParams {
                 DrainParams { orders: 20_000, clients: 8, payload_bytes: 64, pile_up_ms: 500, timeout_s: 120 }
             }
             harness::Profile::Quick => {
-                DrainParams { orders: 2_000, clients: 8, payload_bytes: 64, pile_up_ms: 200, timeout_s: 60 }
+                DrainParams { orders: 10_000, clients: 8, payload_bytes: 64, pile_up_ms: 300, timeout_s: 60 }
             }
         }
     }

@@ -8,9 +8,12 @@
 //! - Orders go out as soon as they are handed over, each on its own request ([`Connector::send_order`]); several may
 //!   be in flight on one connection.
 //! - An order with no answer within [`Policy::answer_timeout`] (1 s), or whose connection drops, is sent again on a
-//!   **new** connection: the old one is closed, a new handshake made, every unanswered order sent again.
-//! - A failed connection attempt is retried after a back-off growing from 100 ms to 1 s, so a dead server is not
-//!   hammered.
+//!   **new** connection: the old one is closed, a new handshake made, every unanswered order sent again. On a new
+//!   connection that has not answered anything yet, the first answer may take up to [`Policy::connect_timeout`]:
+//!   until then the handshake is not known to be complete on the server's side.
+//! - A failed connection attempt, or a connection that drops before it has answered anything, is retried after a
+//!   back-off growing from 100 ms to 1 s, so a dead or refusing server is not hammered. A connection that has
+//!   answered and then drops (a restarted server resetting it) is replaced at once.
 //! - [`LinkEvent::Stored`] is reported exactly once per order: a late answer from an old connection counts if it
 //!   comes first; any answer for an order already reported is ignored.
 //!
@@ -88,7 +91,8 @@ pub trait Connector: Send + Sync + 'static {
 pub struct Policy {
     /// An order unanswered this long is sent again on a new connection.
     pub answer_timeout: Duration,
-    /// A connection attempt (handshake included) taking longer than this fails.
+    /// A connection attempt (handshake included) taking longer than this fails; a new connection's first answer
+    /// may take this long too.
     pub connect_timeout: Duration,
     /// The first wait after a failed connection attempt.
     pub backoff_min: Duration,
@@ -224,8 +228,8 @@ struct Outstanding {
     order: Order,
     /// The connection generation it was last sent on (0: never sent).
     sent_on: u64,
-    /// When it is due an answer (set when sent).
-    deadline: Option<Instant>,
+    /// When it was last sent (None: waiting for a connection).
+    sent_at: Option<Instant>,
 }
 
 type InFlight = BoxFuture<'static, (OrderId, u64, Result<Answer, TransportError>)>;
@@ -242,8 +246,12 @@ struct Device<C: Connector> {
     outstanding: Vec<Outstanding>,
     in_flight: FuturesUnordered<InFlight>,
     waiters: Vec<oneshot::Sender<Result<(), TransportError>>>,
+    /// The wait before the next attempt if this one fails.
     backoff: Duration,
     retry_at: Option<Instant>,
+    /// Whether the current connection has answered anything: one that drops before it has is a failed attempt
+    /// (e.g. the server refused the certificate after the client's side of the handshake finished).
+    proven: bool,
 }
 
 impl<C: Connector> Device<C> {
@@ -261,6 +269,7 @@ impl<C: Connector> Device<C> {
             waiters: Vec::new(),
             backoff,
             retry_at: None,
+            proven: false,
         }
     }
 
@@ -290,7 +299,7 @@ impl<C: Connector> Device<C> {
             }
             self.send_unsent();
             let wake = if self.conn.is_some() {
-                self.outstanding.iter().filter_map(|o| o.deadline).min()
+                self.next_deadline()
             } else {
                 self.retry_at
             };
@@ -304,7 +313,7 @@ impl<C: Connector> Device<C> {
                 _ = wait_for(&mut self.closed) => self.drop_connection(),
                 _ = sleep_until(wake) => {
                     let now = Instant::now();
-                    if self.conn.is_some() && self.outstanding.iter().any(|o| o.deadline.is_some_and(|d| d <= now)) {
+                    if self.conn.is_some() && self.next_deadline().is_some_and(|d| d <= now) {
                         // No answer in time: give up on this connection; every unanswered order goes again on
                         // a new one.
                         self.drop_connection();
@@ -328,7 +337,7 @@ impl<C: Connector> Device<C> {
                 Command::Order(order) => self.outstanding.push(Outstanding {
                     order,
                     sent_on: 0,
-                    deadline: None,
+                    sent_at: None,
                 }),
                 Command::Connect(reply) if self.conn.is_some() => {
                     let _ = reply.send(Ok(()));
@@ -362,15 +371,14 @@ impl<C: Connector> Device<C> {
                 });
                 self.closed = Some(self.connector.closed(&conn));
                 self.conn = Some(conn);
-                self.backoff = self.shared.policy.backoff_min;
                 self.retry_at = None;
+                self.proven = false;
                 for waiter in self.waiters.drain(..) {
                     let _ = waiter.send(Ok(()));
                 }
             }
             Err(e) => {
-                self.retry_at = Some(Instant::now() + self.backoff);
-                self.backoff = (self.backoff * 2).min(self.shared.policy.backoff_max);
+                self.back_off();
                 let message = e.to_string();
                 let mut first = Some(e);
                 for waiter in self.waiters.drain(..) {
@@ -396,7 +404,7 @@ impl<C: Connector> Device<C> {
                 Counters::inc(&self.shared.counters.resent);
             }
             o.sent_on = self.generation;
-            o.deadline = Some(now + self.shared.policy.answer_timeout);
+            o.sent_at = Some(now);
             let (id, generation) = (o.order.id, self.generation);
             let answer = self.connector.send_order(conn, &o.order);
             self.in_flight
@@ -423,6 +431,10 @@ impl<C: Connector> Device<C> {
             }
             return;
         }
+        if generation == self.generation && self.conn.is_some() {
+            self.proven = true;
+            self.backoff = self.shared.policy.backoff_min;
+        }
         let Some(at) = self.outstanding.iter().position(|o| o.order.id == id) else {
             return; // already reported
         };
@@ -437,14 +449,42 @@ impl<C: Connector> Device<C> {
         }
     }
 
-    /// Give up on the current connection; the next turn of the loop opens a new one at once.
+    /// When the oldest unanswered order on the current connection is due its answer. Until the connection has
+    /// answered once, the connect timeout applies instead of the answer timeout: the client's side of a TLS 1.3
+    /// handshake finishes before the server's does, and the server may still be working through a crowd of
+    /// handshakes; abandoning such a connection after 1 s would only add another handshake to the crowd.
+    fn next_deadline(&self) -> Option<Instant> {
+        let policy = &self.shared.policy;
+        let wait = if self.proven {
+            policy.answer_timeout
+        } else {
+            policy.connect_timeout
+        };
+        self.outstanding
+            .iter()
+            .filter_map(|o| o.sent_at)
+            .min()
+            .map(|t| t + wait)
+    }
+
+    /// Wait before the next attempt, longer after each failure.
+    fn back_off(&mut self) {
+        self.retry_at = Some(Instant::now() + self.backoff);
+        self.backoff = (self.backoff * 2).min(self.shared.policy.backoff_max);
+    }
+
+    /// Give up on the current connection. The next turn of the loop opens a new one: at once if this one had
+    /// worked, after the back-off if it never answered anything.
     fn drop_connection(&mut self) {
         self.closed = None;
         if let Some(conn) = self.conn.take() {
             self.connector.close(conn);
+            if !self.proven {
+                self.back_off();
+            }
         }
         for o in &mut self.outstanding {
-            o.deadline = None;
+            o.sent_at = None;
         }
     }
 }
@@ -480,6 +520,8 @@ mod tests {
         down: AtomicBool,
         /// Swallow orders (never answer) while set.
         stall: AtomicBool,
+        /// Complete connections that are closed at once (a certificate refused after the client's handshake).
+        refuse_after_connect: AtomicBool,
         attempts: AtomicUsize,
         stored: Mutex<HashMap<OrderId, usize>>,
     }
@@ -500,8 +542,13 @@ mod tests {
                 if self.0.down.load(Ordering::Relaxed) {
                     return Err(TransportError::Protocol("refused".into()));
                 }
+                let server_gen = if self.0.refuse_after_connect.load(Ordering::Relaxed) {
+                    usize::MAX
+                } else {
+                    self.0.server_gen.load(Ordering::Relaxed)
+                };
                 Ok(FakeConn {
-                    server_gen: self.0.server_gen.load(Ordering::Relaxed),
+                    server_gen,
                     fake: self.0.clone(),
                 })
             })
@@ -657,6 +704,19 @@ mod tests {
         assert_eq!(stored_events(&mut rx, 1).await, vec![order(0, 1).id]);
         tokio::time::sleep(Duration::from_millis(10)).await;
         assert_eq!(fleet.pending(), 0);
+        fleet.close().await;
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn connections_closed_before_any_answer_are_retried_with_back_off() {
+        let fake = Arc::new(Fake::default());
+        fake.refuse_after_connect.store(true, Ordering::Relaxed);
+        let (fleet, _rx) = fleet(&fake, 1);
+        fleet.send(0, order(0, 0));
+        tokio::time::sleep(Duration::from_secs(3)).await;
+        let attempts = fake.attempts.load(Ordering::Relaxed);
+        assert!((2..10).contains(&attempts), "{attempts} attempts");
+        assert_eq!(fleet.pending(), 1);
         fleet.close().await;
     }
 

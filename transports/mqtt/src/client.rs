@@ -11,8 +11,8 @@
 //! unanswered second) goes with DUP set and its original identifier [MQTT-3.3.1-1, MQTT-4.4.0-1].
 
 use crate::codec::{
-    encode_publish, read_packet, ConnAck, Connect, ConnectReturnCode, DecodeError, EncodeError, Packet, PacketId,
-    QoS,
+    encode_publish, read_packet, ConnAck, Connect, ConnectReturnCode, DecodeError, EncodeError,
+    Packet, PacketId, QoS,
 };
 use bytes::{Bytes, BytesMut};
 use std::collections::HashMap;
@@ -75,7 +75,10 @@ pub struct MqttStream<S> {
 impl<S: AsyncRead + AsyncWrite + Unpin> MqttStream<S> {
     /// Wrap a connected stream.
     pub fn new(io: S) -> Self {
-        MqttStream { io, buf: BytesMut::with_capacity(4096) }
+        MqttStream {
+            io,
+            buf: BytesMut::with_capacity(4096),
+        }
     }
 
     /// Write one packet.
@@ -110,7 +113,10 @@ impl<S: AsyncRead + AsyncWrite + Unpin> MqttStream<S> {
         match self.recv().await? {
             Packet::ConnAck(ack) if ack.code == ConnectReturnCode::Accepted => Ok(ack),
             Packet::ConnAck(ack) => Err(ClientError::Refused(ack.code)),
-            other => Err(ClientError::Unexpected(format!("{:?} before CONNACK", other.packet_type()))),
+            other => Err(ClientError::Unexpected(format!(
+                "{:?} before CONNACK",
+                other.packet_type()
+            ))),
         }
     }
 
@@ -122,7 +128,14 @@ impl<S: AsyncRead + AsyncWrite + Unpin> MqttStream<S> {
 
 /// A CONNECT with the given identifier, session kind and keepalive, no will, no credentials.
 pub fn connect_packet(client_id: &str, clean_session: bool, keep_alive: u16) -> Connect {
-    Connect { clean_session, keep_alive, client_id: client_id.into(), will: None, username: None, password: None }
+    Connect {
+        clean_session,
+        keep_alive,
+        client_id: client_id.into(),
+        will: None,
+        username: None,
+        password: None,
+    }
 }
 
 /// Open TCP and TLS to `server` with `config`, checking the server's certificate for [`SERVER_NAME`].
@@ -183,8 +196,15 @@ pub struct OrderConnector {
 impl OrderConnector {
     /// Devices of `tls` connecting to `server`.
     pub fn new(server: SocketAddr, tls: ClientTls) -> Self {
-        let ids = (0..tls.devices()).map(|_| Mutex::new(DeviceIds::default())).collect();
-        OrderConnector { server, tls, keep_alive: 30, ids }
+        let ids = (0..tls.devices())
+            .map(|_| Mutex::new(DeviceIds::default()))
+            .collect();
+        OrderConnector {
+            server,
+            tls,
+            keep_alive: 30,
+            ids,
+        }
     }
 }
 
@@ -220,18 +240,30 @@ impl Connector for OrderConnector {
             let config = self.tls.config(device)?;
             let tls = connect_tls(self.server, config).await?;
             let mut stream = MqttStream::new(tls);
-            stream.connect(connect_packet(&device_name(device), false, self.keep_alive)).await?;
+            stream
+                .connect(connect_packet(&device_name(device), false, self.keep_alive))
+                .await?;
             let (io, leftover) = stream.into_parts();
             let (rd, wr) = tokio::io::split(io);
             let waiters: Waiters = Arc::default();
             let (closed_tx, closed) = watch::channel(false);
             let (out, out_rx) = mpsc::unbounded_channel();
             let keep_alive = Duration::from_secs(u64::from(self.keep_alive));
-            let reader = tokio::spawn(read_acks(rd, leftover, waiters.clone(), closed_tx, out.clone()));
+            let reader = tokio::spawn(read_acks(
+                rd,
+                leftover,
+                waiters.clone(),
+                closed_tx,
+                out.clone(),
+            ));
             let writer = tokio::spawn(write_packets(wr, out_rx, keep_alive));
             Ok(OrderConn {
                 device,
-                topic: format!("{}{}", crate::broker::connection::ORDERS_PREFIX, device_name(device)),
+                topic: format!(
+                    "{}{}",
+                    crate::broker::connection::ORDERS_PREFIX,
+                    device_name(device)
+                ),
                 out,
                 waiters,
                 closed,
@@ -240,7 +272,11 @@ impl Connector for OrderConnector {
         })
     }
 
-    fn send_order(&self, conn: &OrderConn, order: &Order) -> BoxFuture<'static, Result<Answer, TransportError>> {
+    fn send_order(
+        &self,
+        conn: &OrderConn,
+        order: &Order,
+    ) -> BoxFuture<'static, Result<Answer, TransportError>> {
         let id = order.id;
         let ids = self.ids.clone();
         let device = conn.device as usize;
@@ -248,22 +284,36 @@ impl Connector for OrderConnector {
             if *conn.closed.borrow() {
                 return Err(TransportError::Protocol("connection closed".into()));
             }
-            let slot = ids.get(device).ok_or_else(|| TransportError::Config(format!("no device {device}")))?;
-            let (packet_id, dup) = lock(slot)
-                .for_order(id)
-                .ok_or_else(|| TransportError::Protocol("65535 orders in flight on one device".into()))?;
+            let slot = ids
+                .get(device)
+                .ok_or_else(|| TransportError::Config(format!("no device {device}")))?;
+            let (packet_id, dup) = lock(slot).for_order(id).ok_or_else(|| {
+                TransportError::Protocol("65535 orders in flight on one device".into())
+            })?;
             let mut body = BytesMut::with_capacity(order.payload.len() + 40);
             encode_order_body(order, &mut body);
             let mut frame = BytesMut::with_capacity(body.len() + conn.topic.len() + 8);
-            encode_publish(&mut frame, dup, QoS::AtLeastOnce, false, &conn.topic, Some(packet_id), &body)
-                .map_err(|e| TransportError::Protocol(e.to_string()))?;
+            encode_publish(
+                &mut frame,
+                dup,
+                QoS::AtLeastOnce,
+                false,
+                &conn.topic,
+                Some(packet_id),
+                &body,
+            )
+            .map_err(|e| TransportError::Protocol(e.to_string()))?;
             let (tx, rx) = oneshot::channel();
             lock(&conn.waiters).insert(packet_id, tx);
-            conn.out.send(frame.freeze()).map_err(|_| TransportError::Protocol("connection closed".into()))?;
+            conn.out
+                .send(frame.freeze())
+                .map_err(|_| TransportError::Protocol("connection closed".into()))?;
             Ok(rx)
         })();
         Box::pin(async move {
-            prepared?.await.map_err(|_| TransportError::Protocol("connection closed before PUBACK".into()))?;
+            prepared?
+                .await
+                .map_err(|_| TransportError::Protocol("connection closed before PUBACK".into()))?;
             if let Some(slot) = ids.get(device) {
                 lock(slot).answered(&id);
             }
@@ -287,9 +337,7 @@ async fn read_acks<R: AsyncRead + Unpin>(
     waiters: Waiters,
     closed: watch::Sender<bool>,
     out: mpsc::UnboundedSender<Bytes>,
-) where
-    R: AsyncWrite,
-{
+) {
     'read: loop {
         loop {
             match read_packet(&mut buf, CLIENT_MAX_PACKET) {
@@ -320,7 +368,7 @@ async fn read_acks<R: AsyncRead + Unpin>(
 }
 
 /// Write queued packets, several per write; PINGREQ after `keep_alive` without sending.
-async fn write_packets<W: AsyncRead + AsyncWrite + Unpin>(
+async fn write_packets<W: AsyncWrite + Unpin>(
     mut wr: WriteHalf<W>,
     mut rx: mpsc::UnboundedReceiver<Bytes>,
     keep_alive: Duration,

@@ -22,7 +22,8 @@ use std::time::{Duration, Instant};
 use transport_core::tls::{DeviceCredentials, CA_FILE, SERVER_CERT_FILE, SERVER_KEY_FILE};
 
 /// What to install when the binaries are missing.
-pub const INSTALL_HINT: &str = "install Debian's packages: apt-get install -y mosquitto mosquitto-clients";
+pub const INSTALL_HINT: &str =
+    "install Debian's packages: apt-get install -y mosquitto mosquitto-clients";
 
 /// Why mosquitto could not be started or a file could not be written.
 #[derive(Debug, thiserror::Error)]
@@ -86,12 +87,17 @@ impl Exit {
     }
 
     fn get(&self) -> Option<String> {
-        self.status.lock().unwrap_or_else(|e| e.into_inner()).clone()
+        self.status
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .clone()
     }
 
     fn wait(&self, limit: Duration) {
         let guard = self.status.lock().unwrap_or_else(|e| e.into_inner());
-        let _ = self.changed.wait_timeout_while(guard, limit, |s| s.is_none());
+        let _ = self
+            .changed
+            .wait_timeout_while(guard, limit, |s| s.is_none());
     }
 }
 
@@ -101,11 +107,18 @@ const START_TIMEOUT: Duration = Duration::from_secs(10);
 impl Mosquitto {
     /// Write `work/mosquitto.conf` for a TLS listener on `127.0.0.1:port` with the PKI in `identity`, start
     /// mosquitto and wait until it accepts connections.
-    pub async fn start(identity: &Path, port: u16, work: &Path) -> Result<Mosquitto, MosquittoError> {
+    pub async fn start(
+        identity: &Path,
+        port: u16,
+        work: &Path,
+    ) -> Result<Mosquitto, MosquittoError> {
         let binary = find_binary("mosquitto").ok_or(MosquittoError::Missing)?;
         for file in [CA_FILE, SERVER_CERT_FILE, SERVER_KEY_FILE] {
             if !identity.join(file).is_file() {
-                return Err(MosquittoError::Identity(format!("{} is missing", identity.join(file).display())));
+                return Err(MosquittoError::Identity(format!(
+                    "{} is missing",
+                    identity.join(file).display()
+                )));
             }
         }
         std::fs::create_dir_all(work)?;
@@ -119,34 +132,48 @@ impl Mosquitto {
         let exit_sink = exit.clone();
         let conf = config.clone();
         let log_sink = log.clone();
-        std::thread::Builder::new().name("mosquitto".into()).spawn(move || {
-            let mut cmd = Command::new(binary);
-            cmd.arg("-c").arg(&conf).stdin(Stdio::null()).stdout(Stdio::null()).stderr(Stdio::piped());
-            set_parent_death_signal(&mut cmd);
-            let mut child = match cmd.spawn() {
-                Ok(c) => c,
-                Err(e) => {
-                    let _ = started_tx.send(Err(e));
-                    return;
-                }
-            };
-            let _ = started_tx.send(Ok(child.id()));
-            if let Some(stderr) = child.stderr.take() {
-                std::thread::spawn(move || {
-                    for line in BufReader::new(stderr).lines().map_while(Result::ok) {
-                        let mut log = log_sink.lock().unwrap_or_else(|e| e.into_inner());
-                        if log.len() == LOG_LINES {
-                            log.pop_front();
-                        }
-                        log.push_back(line);
+        std::thread::Builder::new()
+            .name("mosquitto".into())
+            .spawn(move || {
+                let mut cmd = Command::new(binary);
+                cmd.arg("-c")
+                    .arg(&conf)
+                    .stdin(Stdio::null())
+                    .stdout(Stdio::null())
+                    .stderr(Stdio::piped());
+                set_parent_death_signal(&mut cmd);
+                let mut child = match cmd.spawn() {
+                    Ok(c) => c,
+                    Err(e) => {
+                        let _ = started_tx.send(Err(e));
+                        return;
                     }
-                });
-            }
-            exit_sink.set(child.wait());
-        })?;
-        let pid = started.recv().map_err(|_| std::io::Error::other("launcher thread ended"))??;
+                };
+                let _ = started_tx.send(Ok(child.id()));
+                if let Some(stderr) = child.stderr.take() {
+                    std::thread::spawn(move || {
+                        for line in BufReader::new(stderr).lines().map_while(Result::ok) {
+                            let mut log = log_sink.lock().unwrap_or_else(|e| e.into_inner());
+                            if log.len() == LOG_LINES {
+                                log.pop_front();
+                            }
+                            log.push_back(line);
+                        }
+                    });
+                }
+                exit_sink.set(child.wait());
+            })?;
+        let pid = started
+            .recv()
+            .map_err(|_| std::io::Error::other("launcher thread ended"))??;
         let addr = SocketAddr::from(([127, 0, 0, 1], port));
-        let me = Mosquitto { addr, pid, exit, log, config };
+        let me = Mosquitto {
+            addr,
+            pid,
+            exit,
+            log,
+            config,
+        };
         me.wait_listening().await?;
         Ok(me)
     }
@@ -157,7 +184,10 @@ impl Mosquitto {
             if let Some(status) = self.exit.get() {
                 // Give the log reader a moment to take the last lines.
                 tokio::time::sleep(Duration::from_millis(50)).await;
-                return Err(MosquittoError::Exited { status, log: self.log_tail() });
+                return Err(MosquittoError::Exited {
+                    status,
+                    log: self.log_tail(),
+                });
             }
             if tokio::net::TcpStream::connect(self.addr).await.is_ok() {
                 return Ok(());
@@ -257,7 +287,9 @@ fn set_parent_death_signal(cmd: &mut Command) {
 /// A free TCP port on 127.0.0.1 (bound and released: another process could take it in between, which the
 /// start then reports).
 pub fn free_port() -> std::io::Result<u16> {
-    Ok(std::net::TcpListener::bind("127.0.0.1:0")?.local_addr()?.port())
+    Ok(std::net::TcpListener::bind("127.0.0.1:0")?
+        .local_addr()?
+        .port())
 }
 
 fn pem(label: &str, der: &[u8]) -> String {
@@ -286,7 +318,10 @@ pub fn device_pem(
     let cert_path = out.join(format!("{name}.crt"));
     let key_path = out.join(format!("{name}.key"));
     std::fs::write(&cert_path, pem("CERTIFICATE", cert.as_ref()))?;
-    transport_core::keys::write_secret(&key_path, pem("PRIVATE KEY", key.secret_pkcs8_der()).as_bytes())
-        .map_err(|e| MosquittoError::Identity(e.to_string()))?;
+    transport_core::keys::write_secret(
+        &key_path,
+        pem("PRIVATE KEY", key.secret_pkcs8_der()).as_bytes(),
+    )
+    .map_err(|e| MosquittoError::Identity(e.to_string()))?;
     Ok((cert_path, key_path))
 }

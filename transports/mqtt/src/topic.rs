@@ -68,7 +68,11 @@ struct Node<K> {
 
 impl<K> Default for Node<K> {
     fn default() -> Self {
-        Node { children: HashMap::new(), multi: Vec::new(), exact: Vec::new() }
+        Node {
+            children: HashMap::new(),
+            multi: Vec::new(),
+            exact: Vec::new(),
+        }
     }
 }
 
@@ -80,7 +84,10 @@ impl<K> Node<K> {
 
 impl<K> Default for SubscriptionTree<K> {
     fn default() -> Self {
-        SubscriptionTree { root: Node::default(), len: 0 }
+        SubscriptionTree {
+            root: Node::default(),
+            len: 0,
+        }
     }
 }
 
@@ -210,8 +217,14 @@ mod tests {
     fn matching_follows_the_specification_examples() {
         // Section 4.7.1.2 and 4.7.1.3.
         assert!(matches("sport/tennis/player1/#", "sport/tennis/player1"));
-        assert!(matches("sport/tennis/player1/#", "sport/tennis/player1/ranking"));
-        assert!(matches("sport/tennis/player1/#", "sport/tennis/player1/score/wimbledon"));
+        assert!(matches(
+            "sport/tennis/player1/#",
+            "sport/tennis/player1/ranking"
+        ));
+        assert!(matches(
+            "sport/tennis/player1/#",
+            "sport/tennis/player1/score/wimbledon"
+        ));
         assert!(matches("sport/#", "sport"));
         assert!(matches("sport/tennis/+", "sport/tennis/player1"));
         assert!(!matches("sport/tennis/+", "sport/tennis/player1/ranking"));
@@ -230,9 +243,12 @@ mod tests {
     #[test]
     fn tree_agrees_with_matches() {
         let filters = [
-            "#", "+", "a", "a/#", "a/+", "a/b", "+/b", "+/+", "a/+/c", "/+", "+/#", "$SYS/#", "a//b", "a/b/#",
+            "#", "+", "a", "a/#", "a/+", "a/b", "+/b", "+/+", "a/+/c", "/+", "+/#", "$SYS/#",
+            "a//b", "a/b/#",
         ];
-        let names = ["a", "a/b", "a/c", "b/b", "/x", "a/b/c", "$SYS/x", "a//b", "/", "x"];
+        let names = [
+            "a", "a/b", "a/c", "b/b", "/x", "a/b/c", "$SYS/x", "a//b", "/", "x",
+        ];
         let mut tree = SubscriptionTree::new();
         for (i, f) in filters.iter().enumerate() {
             tree.insert(f, i, QoS::AtMostOnce);
@@ -243,7 +259,9 @@ mod tests {
             tree.matching(name, &mut out);
             let mut got: Vec<usize> = out.iter().map(|(k, _)| *k).collect();
             got.sort();
-            let want: Vec<usize> = (0..filters.len()).filter(|&i| matches(filters[i], name)).collect();
+            let want: Vec<usize> = (0..filters.len())
+                .filter(|&i| matches(filters[i], name))
+                .collect();
             assert_eq!(got, want, "{name}");
         }
         for (i, f) in filters.iter().enumerate() {

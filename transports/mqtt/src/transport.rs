@@ -17,7 +17,8 @@ use tokio_rustls::TlsAcceptor;
 use transport_core::connfleet::{ConnFleet, Policy};
 use transport_core::tls::{self, ClientTls, DeviceCredentials};
 use transport_core::{
-    BoxFuture, Fleet, FleetConfig, Ready, ServeConfig, Support, Transport, TransportError, WorkloadKind,
+    BoxFuture, Fleet, FleetConfig, Ready, ServeConfig, Support, Transport, TransportError,
+    WorkloadKind,
 };
 
 /// The variants, with a line each on what they are.
@@ -57,7 +58,11 @@ pub fn transport(variant: Option<&str>) -> Option<Box<dyn Transport>> {
         Some("mosquitto") => ("mqtt@mosquitto", Server::Mosquitto),
         Some(_) => return None,
     };
-    Some(Box::new(Mqtt { spec, server, config: BrokerConfig::default() }))
+    Some(Box::new(Mqtt {
+        spec,
+        server,
+        config: BrokerConfig::default(),
+    }))
 }
 
 /// The transport for a whole spec as the command line gives it (`mqtt`, `mqtt@mosquitto`).
@@ -72,7 +77,11 @@ pub fn transport_for_spec(spec: &str) -> Option<Box<dyn Transport>> {
 impl Mqtt {
     /// The in-tree broker with these settings.
     pub fn with_config(config: BrokerConfig) -> Self {
-        Mqtt { spec: "mqtt", server: Server::InTree, config }
+        Mqtt {
+            spec: "mqtt",
+            server: Server::InTree,
+            config,
+        }
     }
 }
 
@@ -92,9 +101,10 @@ impl Transport for Mqtt {
 
     fn supports(&self, workload: WorkloadKind) -> Support {
         match (self.server, workload) {
-            (Server::Mosquitto, WorkloadKind::Drain | WorkloadKind::Restart | WorkloadKind::FirstContact) => {
-                Support::No(NO_ORDER_SINK)
-            }
+            (
+                Server::Mosquitto,
+                WorkloadKind::Drain | WorkloadKind::Restart | WorkloadKind::FirstContact,
+            ) => Support::No(NO_ORDER_SINK),
             _ => Support::Yes,
         }
     }
@@ -114,7 +124,10 @@ impl Transport for Mqtt {
                     let tcp = TcpListener::bind(config.listen).await?;
                     let addr = tcp.local_addr()?;
                     let broker = RunningBroker::new(broker_config, config.store, config.counters);
-                    let run = broker.run(vec![Listener { tcp, tls: Some(TlsAcceptor::from(tls)) }]);
+                    let run = broker.run(vec![Listener {
+                        tcp,
+                        tls: Some(TlsAcceptor::from(tls)),
+                    }]);
                     let _ = config.ready.send(Ready { addr, public_key });
                     run.await
                 }
@@ -127,17 +140,26 @@ impl Transport for Mqtt {
                     let m = Mosquitto::start(&config.identity, port, &work)
                         .await
                         .map_err(|e| TransportError::Config(e.to_string()))?;
-                    let _ = config.ready.send(Ready { addr: m.addr(), public_key });
+                    let _ = config.ready.send(Ready {
+                        addr: m.addr(),
+                        public_key,
+                    });
                     while m.is_running() {
                         tokio::time::sleep(Duration::from_millis(200)).await;
                     }
-                    Err(TransportError::Protocol(format!("mosquitto exited:\n{}", m.log_tail())))
+                    Err(TransportError::Protocol(format!(
+                        "mosquitto exited:\n{}",
+                        m.log_tail()
+                    )))
                 }
             }
         })
     }
 
-    fn fleet(&self, config: FleetConfig) -> BoxFuture<'static, Result<Box<dyn Fleet>, TransportError>> {
+    fn fleet(
+        &self,
+        config: FleetConfig,
+    ) -> BoxFuture<'static, Result<Box<dyn Fleet>, TransportError>> {
         Box::pin(async move {
             let credentials = Arc::new(DeviceCredentials::load(&config.identity)?);
             if credentials.len() < config.devices {
@@ -149,8 +171,49 @@ impl Transport for Mqtt {
             }
             let tls = ClientTls::new(credentials, config.counters.clone(), &[])?;
             let connector = OrderConnector::new(config.server, tls);
-            let fleet = ConnFleet::start(connector, config.devices, config.events, config.counters, Policy::default());
+            let fleet = ConnFleet::start(
+                connector,
+                config.devices,
+                config.events,
+                config.counters,
+                Policy::default(),
+            );
             Ok(Box::new(fleet) as Box<dyn Fleet>)
         })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn specs_and_variants() {
+        assert_eq!(transport(None).unwrap().spec(), "mqtt");
+        assert_eq!(
+            transport(Some("mosquitto")).unwrap().spec(),
+            "mqtt@mosquitto"
+        );
+        assert!(transport(Some("nope")).is_none());
+        for (spec, _) in VARIANTS {
+            assert_eq!(transport_for_spec(spec).unwrap().spec(), *spec);
+        }
+        assert!(transport_for_spec("mqttx").is_none() && transport_for_spec("pure").is_none());
+    }
+
+    #[test]
+    fn mosquitto_says_why_order_workloads_do_not_apply() {
+        let m = transport(Some("mosquitto")).unwrap();
+        for w in WorkloadKind::ALL {
+            let applies = !matches!(
+                w,
+                WorkloadKind::Drain | WorkloadKind::Restart | WorkloadKind::FirstContact
+            );
+            assert_eq!(m.supports(w) == Support::Yes, applies, "{w}");
+        }
+        let inner = transport(None).unwrap();
+        assert!(WorkloadKind::ALL
+            .iter()
+            .all(|w| inner.supports(*w) == Support::Yes));
     }
 }

@@ -43,7 +43,10 @@ fn valid_packets() -> Vec<Packet> {
             username: Some("user".into()),
             password: Some(Bytes::from_static(b"pw")),
         }),
-        Packet::ConnAck(ConnAck { session_present: false, code: ConnectReturnCode::Accepted }),
+        Packet::ConnAck(ConnAck {
+            session_present: false,
+            code: ConnectReturnCode::Accepted,
+        }),
         Packet::Publish(Publish {
             dup: true,
             qos: QoS::AtLeastOnce,
@@ -64,13 +67,22 @@ fn valid_packets() -> Vec<Packet> {
         Packet::PubRel(pid(2)),
         Packet::Subscribe(Subscribe {
             packet_id: pid(3),
-            filters: vec![("a/+".into(), QoS::AtLeastOnce), ("b/#".into(), QoS::AtMostOnce)],
+            filters: vec![
+                ("a/+".into(), QoS::AtLeastOnce),
+                ("b/#".into(), QoS::AtMostOnce),
+            ],
         }),
         Packet::SubAck(SubAck {
             packet_id: pid(3),
-            return_codes: vec![SubscribeReturnCode::Granted(QoS::AtMostOnce), SubscribeReturnCode::Failure],
+            return_codes: vec![
+                SubscribeReturnCode::Granted(QoS::AtMostOnce),
+                SubscribeReturnCode::Failure,
+            ],
         }),
-        Packet::Unsubscribe(Unsubscribe { packet_id: pid(4), filters: vec!["a/+".into()] }),
+        Packet::Unsubscribe(Unsubscribe {
+            packet_id: pid(4),
+            filters: vec!["a/+".into()],
+        }),
         Packet::UnsubAck(pid(4)),
         Packet::PingReq,
         Packet::PingResp,
@@ -104,7 +116,9 @@ fn random_bytes_never_panic() {
         let mut data = rng.bytes(len);
         // Half the time, start with a plausible first byte so the bodies get explored too.
         if !data.is_empty() && rng.below(2) == 0 {
-            data[0] = [0x10, 0x20, 0x30, 0x32, 0x3b, 0x40, 0x62, 0x82, 0x90, 0xA2, 0xB0, 0xC0][rng.below(12)];
+            data[0] = [
+                0x10, 0x20, 0x30, 0x32, 0x3b, 0x40, 0x62, 0x82, 0x90, 0xA2, 0xB0, 0xC0,
+            ][rng.below(12)];
             if data.len() > 1 {
                 data[1] = (data.len() - 2) as u8;
             }
@@ -162,7 +176,9 @@ fn a_stream_cut_anywhere_decodes_to_its_packets() {
     let mut rng = Rng(7);
     let packets = valid_packets();
     for _ in 0..200 {
-        let sent: Vec<Packet> = (0..20).map(|_| packets[rng.below(packets.len())].clone()).collect();
+        let sent: Vec<Packet> = (0..20)
+            .map(|_| packets[rng.below(packets.len())].clone())
+            .collect();
         let stream: Vec<u8> = sent.iter().flat_map(encode).collect();
         let mut buf = BytesMut::new();
         let mut got = Vec::new();

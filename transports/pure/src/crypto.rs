@@ -2,8 +2,8 @@
 //!
 //! Every sealed kind ends in the same two keys per wire (sender → receiver path):
 //!
-//! - a **record key**, a ChaCha20-Poly1305 key; record number `seq` is sealed with nonce `0u32 ‖ seq` (big-endian)
-//!   and the record header as associated data;
+//! - a **record key**, an AES-256-GCM key; record number `seq` is sealed with nonce `0u32 ‖ seq` (big-endian) and
+//!   the record header as associated data;
 //! - an **answer secret**, from which the answer key of a receiver run `R` is `HKDF-Expand(secret, "pure/1 answer
 //!   key" ‖ R)`; the answer to record `seq` is a tag over the answer header with nonce `0u32 ‖ seq`.
 //!
@@ -21,13 +21,13 @@
 //! `docs/pure.md` explains why a nonce never repeats under one key.
 
 use crate::wire::{KeyId, ENC_LEN, MADE_LEN, TAG_LEN};
-use chacha20poly1305::aead::{AeadInPlace, KeyInit};
-use chacha20poly1305::{ChaCha20Poly1305, Key, Nonce, Tag};
+use aws_lc_rs::aead::{Aad, LessSafeKey, Nonce, UnboundKey, AES_256_GCM};
 use hkdf::Hkdf;
 use hpke::{Deserializable, OpModeR, OpModeS, Serializable};
 use rand_core::{CryptoRng, RngCore};
 use sha2::Sha256;
 use std::path::Path;
+use std::sync::Arc;
 use transport_core::keys::{self, KeyFileError};
 use x25519_dalek::{PublicKey, StaticSecret};
 
@@ -110,14 +110,19 @@ pub enum OpenError {
 /// The keys of one wire.
 #[derive(Clone)]
 pub struct WireKeys {
-    record: ChaCha20Poly1305,
+    record: Arc<LessSafeKey>,
     answer_secret: [u8; 32],
 }
 
 fn nonce(seq: u64) -> Nonce {
     let mut n = [0u8; 12];
     n[4..].copy_from_slice(&seq.to_be_bytes());
-    Nonce::from(n)
+    Nonce::assume_unique_for_key(n)
+}
+
+/// An AES-256-GCM key (aws-lc-rs: AES-NI and carry-less multiplication where the CPU has them).
+fn aead_key(bytes: &[u8; 32]) -> Arc<LessSafeKey> {
+    Arc::new(LessSafeKey::new(UnboundKey::new(&AES_256_GCM, bytes).expect("32-byte key")))
 }
 
 fn expand(prk: &[u8; 32], info: &[&[u8]]) -> [u8; 32] {
@@ -129,7 +134,7 @@ fn expand(prk: &[u8; 32], info: &[&[u8]]) -> [u8; 32] {
 
 impl WireKeys {
     fn from_parts(record: [u8; 32], answer_secret: [u8; 32]) -> WireKeys {
-        WireKeys { record: ChaCha20Poly1305::new(Key::from_slice(&record)), answer_secret }
+        WireKeys { record: aead_key(&record), answer_secret }
     }
 
     fn from_hpke_exporter(export: impl Fn(&[u8], &mut [u8])) -> WireKeys {
@@ -186,9 +191,9 @@ impl WireKeys {
         out.extend_from_slice(payload);
         let tag = self
             .record
-            .encrypt_in_place_detached(&nonce(seq), aad, &mut out[start..])
+            .seal_in_place_separate_tag(nonce(seq), Aad::from(aad), &mut out[start..])
             .expect("records are far below the AEAD's length limit");
-        out.extend_from_slice(&tag);
+        out.extend_from_slice(tag.as_ref());
     }
 
     /// Open record `seq`; returns `made_us` and the payload.
@@ -196,7 +201,7 @@ impl WireKeys {
         let (ct, tag) = body.split_at(body.len() - TAG_LEN);
         let mut plain = ct.to_vec();
         self.record
-            .decrypt_in_place_detached(&nonce(seq), aad, &mut plain, Tag::from_slice(tag))
+            .open_in_place_separate_tag(nonce(seq), Aad::from(aad), tag, &mut plain)
             .map_err(|_| OpenError::Tag)?;
         let made_us = u64::from_be_bytes(plain[..MADE_LEN].try_into().expect("checked by the parser"));
         plain.drain(..MADE_LEN);
@@ -206,7 +211,7 @@ impl WireKeys {
     /// The answer key for a receiver run: one HKDF-Expand.
     pub fn answer_key(&self, receiver_run: u64) -> AnswerKey {
         let k = expand(&self.answer_secret, &[b"pure/1 answer key", &receiver_run.to_be_bytes()]);
-        AnswerKey { run: receiver_run, aead: ChaCha20Poly1305::new(Key::from_slice(&k)) }
+        AnswerKey { run: receiver_run, aead: aead_key(&k) }
     }
 }
 
@@ -214,7 +219,7 @@ impl WireKeys {
 #[derive(Clone)]
 pub struct AnswerKey {
     run: u64,
-    aead: ChaCha20Poly1305,
+    aead: Arc<LessSafeKey>,
 }
 
 impl AnswerKey {
@@ -227,18 +232,15 @@ impl AnswerKey {
     pub fn tag(&self, seq: u64, header: &[u8]) -> [u8; TAG_LEN] {
         let tag = self
             .aead
-            .encrypt_in_place_detached(&nonce(seq), header, &mut [])
+            .seal_in_place_separate_tag(nonce(seq), Aad::from(header), &mut [])
             .expect("empty plaintext");
-        tag.into()
+        tag.as_ref().try_into().expect("16-byte tag")
     }
 
     /// Whether `tag` authenticates the answer to record `seq`.
     pub fn verify(&self, seq: u64, header: &[u8], tag: &[u8]) -> bool {
         tag.len() == TAG_LEN
-            && self
-                .aead
-                .decrypt_in_place_detached(&nonce(seq), header, &mut [], Tag::from_slice(tag))
-                .is_ok()
+            && self.aead.open_in_place_separate_tag(nonce(seq), Aad::from(header), tag, &mut []).is_ok()
     }
 }
 

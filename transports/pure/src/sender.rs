@@ -2,8 +2,11 @@
 //!
 //! A device keeps an outbox of orders not yet sent and a window of records in flight. Records leave as soon as
 //! the window has room — the backlog goes out as answers come in, not on a timer. A record with no answer is sent
-//! again after 200 ms, then after twice as long each time, up to 1 s. Every input takes `now`; the driver (or a
-//! test with a virtual clock) asks [`Sender::poll_timeout`] when to call [`Sender::handle_timeout`].
+//! again after the re-send timeout, then after twice as long each time, up to 1 s. The timeout starts at 200 ms and
+//! follows the measured round trip as TCP's does (RFC 6298: smoothed RTT plus four deviations, samples only from
+//! records sent once), never below 200 ms, and backs off with each expiry until the next sample: a receiver that
+//! queues records for longer than 200 ms (a slow variant under a drain) does not get every queued record twice. Every input takes `now`; the driver (or a test with a
+//! virtual clock) asks [`Sender::poll_timeout`] when to call [`Sender::handle_timeout`].
 
 use crate::crypto::{link_secret, AnswerKey, NodeKey, WireKeys};
 use crate::wire::{self, Frame, Kind, ENC_LEN, MAX_DATAGRAM};
@@ -12,6 +15,9 @@ use std::collections::{BTreeMap, VecDeque};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 use transport_core::{Counters, Order, OrderId};
+
+/// The congestion window never shrinks below this many records.
+const MIN_WINDOW: f64 = 2.0;
 
 /// How a device's link behaves.
 #[derive(Debug, Clone)]
@@ -27,9 +33,9 @@ pub struct SenderConfig {
 }
 
 impl SenderConfig {
-    /// The suite's defaults: a window of 64 records, re-sends after 200 ms growing to 1 s.
+    /// The suite's defaults: a window of up to 256 records, re-sends after 200 ms growing to 1 s.
     pub fn new(kind: Kind) -> SenderConfig {
-        SenderConfig { kind, window: 64, initial_rto: Duration::from_millis(200), max_rto: Duration::from_secs(1) }
+        SenderConfig { kind, window: 256, initial_rto: Duration::from_millis(200), max_rto: Duration::from_secs(1) }
     }
 }
 
@@ -42,6 +48,9 @@ pub enum SenderEvent {
 
 struct InFlight {
     order: Order,
+    /// When the record was first sent, and whether it was sent again (no RTT sample then: Karn's rule).
+    first_sent: Option<Instant>,
+    resent: bool,
     /// The sealed frame, and the receiver run it was sealed for (`Link` re-seals when the run changes).
     sealed: Option<(u64, Vec<u8>)>,
     /// Per-request records keep the answer secret of their own setup.
@@ -75,6 +84,13 @@ pub struct Sender {
     answer_key: Option<AnswerKey>,
     outbox: VecDeque<Order>,
     in_flight: BTreeMap<u64, InFlight>,
+    /// Smoothed round trip and its deviation (RFC 6298), once measured.
+    srtt: Option<(Duration, Duration)>,
+    /// The device's re-send timeout for new records: from the RTT, doubled by every expiry until a new sample.
+    rto: Duration,
+    /// Records the device lets be in flight now: halved when a timer expires, grown by one per answer (as TCP's
+    /// congestion window), never above the configured window.
+    cwnd: f64,
     ready: VecDeque<u64>,
     events: VecDeque<SenderEvent>,
 }
@@ -83,6 +99,8 @@ impl Sender {
     /// A device with key `key` sending to the receiver whose public key is `receiver`.
     pub fn new(config: SenderConfig, key: NodeKey, receiver: [u8; 32], rng: StdRng, counters: Arc<Counters>) -> Sender {
         let key_id = key.key_id();
+        let rto = config.initial_rto;
+        let window = config.window;
         Sender {
             config,
             key,
@@ -96,6 +114,9 @@ impl Sender {
             answer_key: None,
             outbox: VecDeque::new(),
             in_flight: BTreeMap::new(),
+            srtt: None,
+            rto,
+            cwnd: window as f64,
             ready: VecDeque::new(),
             events: VecDeque::new(),
         }
@@ -123,13 +144,22 @@ impl Sender {
     }
 
     fn fill_window(&mut self, now: Instant) {
-        while self.in_flight.len() < self.config.window {
+        while self.in_flight.len() < (self.cwnd as usize).max(1) {
             let Some(order) = self.outbox.pop_front() else { break };
             let seq = order.id.seq;
-            let rto = self.config.initial_rto;
+            let rto = self.rto();
             self.in_flight.insert(
                 seq,
-                InFlight { order, sealed: None, own_keys: None, rto, deadline: now + rto, queued: true },
+                InFlight {
+                    order,
+                    first_sent: None,
+                    resent: false,
+                    sealed: None,
+                    own_keys: None,
+                    rto,
+                    deadline: now + rto,
+                    queued: true,
+                },
             );
             self.ready.push_back(seq);
         }
@@ -172,9 +202,30 @@ impl Sender {
                 self.receiver_run = a.receiver_run;
             }
             let entry = self.in_flight.remove(&a.seq).expect("looked up above");
+            if let (false, Some(sent)) = (entry.resent, entry.first_sent) {
+                self.sample_rtt(now.saturating_duration_since(sent));
+            }
+            self.cwnd = (self.cwnd + 1.0).min(self.config.window as f64);
             self.events.push_back(SenderEvent::Stored(entry.order.id));
         }
         self.fill_window(now);
+    }
+
+    fn sample_rtt(&mut self, rtt: Duration) {
+        self.srtt = Some(match self.srtt {
+            None => (rtt, rtt / 2),
+            Some((srtt, var)) => {
+                let diff = if srtt > rtt { srtt - rtt } else { rtt - srtt };
+                ((srtt * 7 + rtt) / 8, (var * 3 + diff) / 4)
+            }
+        });
+        let (srtt, var) = self.srtt.expect("set above");
+        self.rto = (srtt + var * 4).clamp(self.config.initial_rto, self.config.max_rto);
+    }
+
+    /// The re-send timeout for a record sent now.
+    fn rto(&self) -> Duration {
+        self.rto
     }
 
     /// The next event.
@@ -189,14 +240,23 @@ impl Sender {
 
     /// Queue the records whose answer is overdue, and back their timers off.
     pub fn handle_timeout(&mut self, now: Instant) {
+        let mut expired = false;
         for (seq, f) in self.in_flight.iter_mut() {
             if !f.queued && f.deadline <= now {
                 f.queued = true;
+                f.resent = true;
                 f.rto = (f.rto * 2).min(self.config.max_rto);
                 f.deadline = now + f.rto;
                 self.ready.push_back(*seq);
                 Counters::inc(&self.counters.resent);
+                expired = true;
             }
+        }
+        if expired {
+            // Back the device's timer off too (RFC 6298, 5.5), until a record answered at the first try measures
+            // the round trip again: records sent meanwhile do not time out against a queue they cannot beat.
+            self.rto = (self.rto * 2).min(self.config.max_rto);
+            self.cwnd = (self.cwnd / 2.0).max(MIN_WINDOW);
         }
     }
 
@@ -221,6 +281,7 @@ impl Sender {
                 break;
             }
             buf.extend_from_slice(frame);
+            f.first_sent.get_or_insert(now);
             f.queued = false;
             f.deadline = now + f.rto;
             self.ready.pop_front();

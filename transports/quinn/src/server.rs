@@ -10,6 +10,7 @@ use bytes::BytesMut;
 use futures::stream::{FuturesUnordered, StreamExt};
 use quinn::crypto::rustls::QuicServerConfig;
 use quinn::{Endpoint, EndpointConfig, Incoming, RecvStream, SendStream};
+use quinn_proto::HashedConnectionIdGenerator;
 use std::path::Path;
 use std::sync::Arc;
 use std::time::Duration;
@@ -34,22 +35,49 @@ pub mod codes {
 #[derive(Debug)]
 pub struct ResetKey(aws_lc_rs::hmac::Key);
 
-impl ResetKey {
-    /// Derive the key from the server key file in `identity`.
+/// What a server derives from its key file so that a restarted process recognises its predecessor's connections
+/// (and resets them at once) instead of ignoring their packets until they time out.
+#[derive(Debug)]
+pub struct DerivedSecrets {
+    /// The stateless-reset key.
+    pub reset_key: ResetKey,
+    /// The key of quinn's connection id generator, which embeds a keyed check in every connection id it issues
+    /// and drops packets whose id fails it. With a random key per process (quinn's default) a new process would
+    /// drop the old connections' packets without resetting them.
+    pub cid_key: u64,
+}
+
+impl DerivedSecrets {
+    /// Derive both from the server key file in `identity` (HKDF-SHA256, one label each).
     pub fn derive(identity: &Path) -> Result<Self, TransportError> {
         use aws_lc_rs::{hkdf, hmac};
         use rustls::pki_types::{pem::PemObject, PrivateKeyDer};
         let path = identity.join(tls::SERVER_KEY_FILE);
         let key = PrivateKeyDer::from_pem_file(&path)
             .map_err(|e| TransportError::Identity(format!("{}: {e}", path.display())))?;
-        let prk = hkdf::Salt::new(hkdf::HKDF_SHA256, b"lb-bench quinn stateless reset")
+        let prk = hkdf::Salt::new(hkdf::HKDF_SHA256, b"lb-bench quinn endpoint")
             .extract(key.secret_der());
-        let okm = prk
-            .expand(&[b"reset key"], hmac::HMAC_SHA256)
-            .map_err(|_| {
-                TransportError::Identity("stateless-reset key derivation failed".into())
-            })?;
-        Ok(Self(hmac::Key::from(okm)))
+        let failed = |_| TransportError::Identity("key derivation failed".into());
+        let reset = prk
+            .expand(&[b"stateless reset"], hmac::HMAC_SHA256)
+            .map_err(failed)?;
+        let mut cid_key = [0u8; 8];
+        prk.expand(&[b"connection id"], CidKeyLen)
+            .map_err(failed)?
+            .fill(&mut cid_key)
+            .map_err(failed)?;
+        Ok(Self {
+            reset_key: ResetKey(hmac::Key::from(reset)),
+            cid_key: u64::from_be_bytes(cid_key),
+        })
+    }
+}
+
+struct CidKeyLen;
+
+impl aws_lc_rs::hkdf::KeyType for CidKeyLen {
+    fn len(&self) -> usize {
+        8
     }
 }
 
@@ -94,7 +122,10 @@ pub async fn serve(config: ServeConfig) -> Result<(), TransportError> {
         QuicServerConfig::try_from(tls).map_err(|e| TransportError::Config(e.to_string()))?;
     let mut server_config = quinn::ServerConfig::with_crypto(Arc::new(crypto));
     server_config.transport_config(Arc::new(crate::transport_config(false)));
-    let mut endpoint_config = EndpointConfig::new(Arc::new(ResetKey::derive(&identity)?));
+    let secrets = DerivedSecrets::derive(&identity)?;
+    let mut endpoint_config = EndpointConfig::new(Arc::new(secrets.reset_key));
+    let cid_key = secrets.cid_key;
+    endpoint_config.cid_generator(move || Box::new(HashedConnectionIdGenerator::from_key(cid_key)));
     // quinn sends at most one stateless reset per 20 ms by default; after a restart every old connection needs one.
     // Resets are always smaller than the packet that caused them, so they cannot loop.
     endpoint_config.min_reset_interval(Duration::ZERO);

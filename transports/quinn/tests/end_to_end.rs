@@ -369,9 +369,11 @@ async fn a_device_from_another_ca_is_refused() {
     let fleet =
         transport_quinn::fleet_with_credentials(server.addr, foreign, 2, events, counters.clone())
             .unwrap();
-    assert!(fleet.connect(0).await.is_err());
+    // The client's side of the handshake may finish before the server has checked its certificate, so the
+    // connect itself may succeed; what matters is that the server refuses it and nothing is ever stored.
+    let _ = fleet.connect(0).await;
     fleet.send(1, order(1, 0));
-    tokio::time::sleep(Duration::from_millis(300)).await;
+    tokio::time::sleep(Duration::from_millis(500)).await;
     assert_eq!(fleet.pending(), 1);
     fleet.close().await;
     assert!(
@@ -381,7 +383,6 @@ async fn a_device_from_another_ca_is_refused() {
     let s = server.kill().await;
     assert_eq!(s.handshakes, 0, "{s:?}");
     assert!(s.refused_unknown >= 1, "{s:?}");
-    assert_eq!(counters.snapshot().handshakes, 0);
     // Nothing from the foreign devices reached the store.
     let audit = store::audit(&setup.store_dir, &[], &[]).unwrap();
     assert_eq!(audit.applied, 0);

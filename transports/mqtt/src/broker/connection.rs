@@ -22,7 +22,9 @@
 //! the store and only then sends the PUBACK, so a PUBACK means stored. Orders are not relayed to subscribers.
 
 use super::state::{Broker, ConnId};
-use crate::codec::{ConnAck, ConnectReturnCode, DecodeError, Packet, PacketId, PacketType, Publish, QoS};
+use crate::codec::{
+    ConnAck, ConnectReturnCode, DecodeError, Packet, PacketId, PacketType, Publish, QoS,
+};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 use transport_core::framing::decode_order_body;
@@ -51,7 +53,7 @@ pub enum Action {
 pub enum OrderRefusal {
     /// The topic names another device than the connection's identity.
     WrongDevice,
-    /// The payload is not an order body.
+    /// The payload is not an order body, or its payload is larger than the store keeps.
     Malformed,
     /// The order's sender is not the connection's device.
     WrongSender,
@@ -179,7 +181,10 @@ impl Connection {
     /// 1 [MQTT-3.1.2-2].
     pub fn handle_decode_error(&mut self, err: DecodeError, out: &mut Vec<Action>) -> Close {
         if let (DecodeError::UnsupportedProtocolLevel(_), None) = (&err, &self.connected) {
-            out.push(connack(false, ConnectReturnCode::UnacceptableProtocolVersion));
+            out.push(connack(
+                false,
+                ConnectReturnCode::UnacceptableProtocolVersion,
+            ));
             return Close::Refused(ConnectReturnCode::UnacceptableProtocolVersion);
         }
         Close::Malformed(err)
@@ -211,8 +216,12 @@ impl Connection {
                 }
             };
             let present = broker.connect(self.id, &client_id, c.clean_session, c.will);
-            let keep_alive = (c.keep_alive > 0).then(|| Duration::from_secs(u64::from(c.keep_alive)));
-            self.connected = Some(Connected { client_id, keep_alive });
+            let keep_alive =
+                (c.keep_alive > 0).then(|| Duration::from_secs(u64::from(c.keep_alive)));
+            self.connected = Some(Connected {
+                client_id,
+                keep_alive,
+            });
             out.push(connack(present, ConnectReturnCode::Accepted));
             return Ok(());
         }
@@ -247,7 +256,12 @@ impl Connection {
         }
     }
 
-    fn publish(&mut self, broker: &mut Broker, p: Publish, out: &mut Vec<Action>) -> Result<(), Close> {
+    fn publish(
+        &mut self,
+        broker: &mut Broker,
+        p: Publish,
+        out: &mut Vec<Action>,
+    ) -> Result<(), Close> {
         broker.note_received();
         Counters::inc(&self.counters.received);
         if p.qos == QoS::ExactlyOnce {
@@ -258,11 +272,17 @@ impl Connection {
             if identity != Some(device) {
                 return Err(Close::OrderRefused(OrderRefusal::WrongDevice));
             }
-            let order = decode_order_body(&p.payload).map_err(|_| Close::OrderRefused(OrderRefusal::Malformed))?;
+            let order = decode_order_body(&p.payload)
+                .ok()
+                .filter(|o| o.payload.len() <= transport_core::store::MAX_PAYLOAD)
+                .ok_or(Close::OrderRefused(OrderRefusal::Malformed))?;
             if order.id.sender != sender_id(device) {
                 return Err(Close::OrderRefused(OrderRefusal::WrongSender));
             }
-            out.push(Action::Commit { order, packet_id: p.packet_id });
+            out.push(Action::Commit {
+                order,
+                packet_id: p.packet_id,
+            });
             return Ok(());
         }
         // Topics beginning with `$` are the broker's own [MQTT-4.7.2-1]: accepted and acknowledged, not routed.
@@ -279,9 +299,11 @@ impl Connection {
     /// disconnected cleanly) and count refusals.
     pub fn closed(&mut self, broker: &mut Broker, reason: &Close) {
         let counter = match reason {
-            Close::Malformed(_) | Close::NotConnect | Close::SecondConnect | Close::Unexpected(_) | Close::QoS2 => {
-                Some(&self.counters.refused_malformed)
-            }
+            Close::Malformed(_)
+            | Close::NotConnect
+            | Close::SecondConnect
+            | Close::Unexpected(_)
+            | Close::QoS2 => Some(&self.counters.refused_malformed),
             Close::OrderRefused(OrderRefusal::Malformed) => Some(&self.counters.refused_malformed),
             Close::OrderRefused(_) | Close::Refused(_) => Some(&self.counters.refused_unknown),
             _ => None,
@@ -296,5 +318,11 @@ impl Connection {
 }
 
 fn connack(session_present: bool, code: ConnectReturnCode) -> Action {
-    Action::Send(Packet::ConnAck(ConnAck { session_present, code }))
+    Action::Send(Packet::ConnAck(ConnAck {
+        session_present,
+        code,
+    }))
 }
+
+#[cfg(test)]
+mod tests;

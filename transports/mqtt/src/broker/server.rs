@@ -132,10 +132,18 @@ pub struct Broker {
 impl Broker {
     /// A broker committing orders to `store` and counting into `counters`.
     pub fn new(config: BrokerConfig, store: StoreHandle, counters: Arc<Counters>) -> Self {
-        let state = State::new(config.limits.clone(), counters.clone(), std::time::Instant::now());
+        let state = State::new(
+            config.limits.clone(),
+            counters.clone(),
+            std::time::Instant::now(),
+        );
         Broker {
             shared: Arc::new(Shared {
-                locked: Mutex::new(Locked { state, signals: HashMap::new(), scratch: Vec::new() }),
+                locked: Mutex::new(Locked {
+                    state,
+                    signals: HashMap::new(),
+                    scratch: Vec::new(),
+                }),
                 config,
                 store,
                 counters,
@@ -175,16 +183,25 @@ pub async fn serve(
     store: StoreHandle,
     counters: Arc<Counters>,
 ) -> Result<(), TransportError> {
-    let mut listeners = vec![Listener { tcp: TcpListener::bind(tls.0).await?, tls: Some(tls.1) }];
+    let mut listeners = vec![Listener {
+        tcp: TcpListener::bind(tls.0).await?,
+        tls: Some(tls.1),
+    }];
     if let Some(addr) = plaintext {
-        listeners.push(Listener { tcp: TcpListener::bind(addr).await?, tls: None });
+        listeners.push(Listener {
+            tcp: TcpListener::bind(addr).await?,
+            tls: None,
+        });
     }
     Broker::new(config, store, counters).run(listeners).await
 }
 
 /// Allow as many open files as the hard limit permits: each connection is one.
 fn raise_fd_limit() {
-    let mut lim = libc::rlimit { rlim_cur: 0, rlim_max: 0 };
+    let mut lim = libc::rlimit {
+        rlim_cur: 0,
+        rlim_max: 0,
+    };
     // SAFETY: `lim` is a valid rlimit to read into and then pass back.
     unsafe {
         if libc::getrlimit(libc::RLIMIT_NOFILE, &mut lim) == 0 && lim.rlim_cur < lim.rlim_max {
@@ -194,7 +211,11 @@ fn raise_fd_limit() {
     }
 }
 
-async fn accept_loop(shared: Arc<Shared>, listener: Listener, limit: Arc<Semaphore>) -> Result<(), TransportError> {
+async fn accept_loop(
+    shared: Arc<Shared>,
+    listener: Listener,
+    limit: Arc<Semaphore>,
+) -> Result<(), TransportError> {
     let mut conns = JoinSet::new();
     let mut backoff = Duration::from_millis(10);
     loop {
@@ -233,7 +254,12 @@ async fn sys_loop(shared: Arc<Shared>) -> Result<(), TransportError> {
 }
 
 /// One accepted connection: the TLS handshake (within the connect timeout), the identity, then the MQTT session.
-async fn handle(shared: Arc<Shared>, tcp: TcpStream, tls: Option<TlsAcceptor>, _permit: OwnedSemaphorePermit) {
+async fn handle(
+    shared: Arc<Shared>,
+    tcp: TcpStream,
+    tls: Option<TlsAcceptor>,
+    _permit: OwnedSemaphorePermit,
+) {
     let opened = Instant::now();
     let _ = tcp.set_nodelay(true);
     let Some(acceptor) = tls else {
@@ -243,7 +269,11 @@ async fn handle(shared: Arc<Shared>, tcp: TcpStream, tls: Option<TlsAcceptor>, _
     match tokio::time::timeout_at(deadline, acceptor.accept(tcp)).await {
         Ok(Ok(stream)) => {
             Counters::inc(&shared.counters.handshakes);
-            let identity = stream.get_ref().1.peer_certificates().and_then(transport_core::tls::peer_device);
+            let identity = stream
+                .get_ref()
+                .1
+                .peer_certificates()
+                .and_then(transport_core::tls::peer_device);
             if identity.is_none() {
                 // A verified certificate without a readable common name has no identity to serve.
                 Counters::inc(&shared.counters.refused_unknown);
@@ -263,7 +293,11 @@ async fn handle(shared: Arc<Shared>, tcp: TcpStream, tls: Option<TlsAcceptor>, _
                             | rustls::Error::AlertReceived(_)
                     )
                 });
-            let counter = if unknown { &shared.counters.refused_unknown } else { &shared.counters.refused_malformed };
+            let counter = if unknown {
+                &shared.counters.refused_unknown
+            } else {
+                &shared.counters.refused_malformed
+            };
             Counters::inc(counter);
         }
         Err(_) => Counters::inc(&shared.counters.refused_malformed),
@@ -280,7 +314,13 @@ where
     shared.lock().signals.insert(id, signal.clone());
     let (rd, wr) = tokio::io::split(stream);
     let (control, control_rx) = mpsc::channel(CONTROL_QUEUE);
-    let writer = tokio::spawn(write_loop(shared.clone(), id, wr, control_rx, signal.clone()));
+    let writer = tokio::spawn(write_loop(
+        shared.clone(),
+        id,
+        wr,
+        control_rx,
+        signal.clone(),
+    ));
     let writer_abort = writer.abort_handle();
     let mut conn = Connection::new(
         id,
@@ -316,7 +356,9 @@ async fn read_loop<R: AsyncRead + Unpin>(
             match read_packet(&mut buf, max) {
                 Ok(Some(packet)) => {
                     let now = std::time::Instant::now();
-                    if let Err(close) = shared.with_state(|s| conn.handle(s, packet, now, &mut actions)) {
+                    if let Err(close) =
+                        shared.with_state(|s| conn.handle(s, packet, now, &mut actions))
+                    {
                         closing = Some(close);
                         break;
                     }
@@ -356,7 +398,11 @@ async fn read_loop<R: AsyncRead + Unpin>(
 
 /// Carry out actions in order: orders are gathered and committed together before the next control packet, and
 /// their PUBACKs follow the commit.
-async fn execute(shared: &Shared, actions: &mut Vec<Action>, control: &mpsc::Sender<Bytes>) -> Result<(), Close> {
+async fn execute(
+    shared: &Shared,
+    actions: &mut Vec<Action>,
+    control: &mpsc::Sender<Bytes>,
+) -> Result<(), Close> {
     if actions.is_empty() {
         return Ok(());
     }
@@ -377,7 +423,10 @@ async fn execute(shared: &Shared, actions: &mut Vec<Action>, control: &mpsc::Sen
     }
     commit(shared, &mut orders, &mut acks, &mut out).await?;
     if !out.is_empty() {
-        control.send(out.freeze()).await.map_err(|_| Close::Lost("writer stopped".into()))?;
+        control
+            .send(out.freeze())
+            .await
+            .map_err(|_| Close::Lost("writer stopped".into()))?;
     }
     Ok(())
 }
@@ -392,7 +441,11 @@ async fn commit(
         return Ok(());
     }
     // A failed commit sends no PUBACK: the client will send the orders again, to this server or a restarted one.
-    shared.store.commit(std::mem::take(orders)).await.map_err(|e| Close::Lost(format!("store: {e}")))?;
+    shared
+        .store
+        .commit(std::mem::take(orders))
+        .await
+        .map_err(|e| Close::Lost(format!("store: {e}")))?;
     for id in acks.drain(..) {
         encode(&Packet::PubAck(id), out);
     }

@@ -134,7 +134,9 @@ impl Session {
     fn enqueue(&mut self, item: Queued, limits: &SessionLimits) -> Enqueued {
         match item.qos {
             QoS::AtMostOnce if self.conn.is_none() => return Enqueued::NotQueued,
-            QoS::AtMostOnce if self.queued_qos0 >= limits.max_queued_qos0 => return Enqueued::Dropped,
+            QoS::AtMostOnce if self.queued_qos0 >= limits.max_queued_qos0 => {
+                return Enqueued::Dropped
+            }
             QoS::AtMostOnce => self.queued_qos0 += 1,
             _ if self.queued_qos1 >= limits.max_queued_qos1 => return Enqueued::Dropped,
             _ => self.queued_qos1 += 1,
@@ -215,7 +217,9 @@ impl Broker {
 
     fn session(&mut self, key: SessionKey) -> &mut Session {
         // Keys come from `by_client`/`by_conn`, which only hold live slots.
-        self.sessions[key as usize].as_mut().expect("session key refers to a live session")
+        self.sessions[key as usize]
+            .as_mut()
+            .expect("session key refers to a live session")
     }
 
     /// Whether `conn` is attached to a session (it sent an accepted CONNECT and was not taken over).
@@ -227,8 +231,18 @@ impl Broker {
     /// already attached to that session is detached as if it had dropped (its will is published) and listed in
     /// [`Broker::drain_kicked`] [MQTT-3.1.4-2]. Returns whether a stored session was resumed (CONNACK's session
     /// present flag). The client identifier has been checked by the caller.
-    pub fn connect(&mut self, conn: ConnId, client_id: &str, clean: bool, will: Option<LastWill>) -> bool {
-        if let Some(old) = self.by_client.get(client_id).and_then(|&k| self.sessions[k as usize].as_ref()?.conn) {
+    pub fn connect(
+        &mut self,
+        conn: ConnId,
+        client_id: &str,
+        clean: bool,
+        will: Option<LastWill>,
+    ) -> bool {
+        if let Some(old) = self
+            .by_client
+            .get(client_id)
+            .and_then(|&k| self.sessions[k as usize].as_ref()?.conn)
+        {
             self.kicked.push(old);
             self.disconnect(old, false);
         }
@@ -318,18 +332,28 @@ impl Broker {
     /// payload removes it [MQTT-3.3.1-5, MQTT-3.3.1-10, MQTT-3.3.1-11]; deliveries to current subscribers carry
     /// RETAIN 0 [MQTT-3.3.1-9].
     pub fn publish(&mut self, topic: &str, payload: Bytes, qos: QoS, retain: bool) {
-        let msg = Message { topic: topic.into(), payload, qos: qos.min(QoS::AtLeastOnce) };
+        let msg = Message {
+            topic: topic.into(),
+            payload,
+            qos: qos.min(QoS::AtLeastOnce),
+        };
         if retain {
             if msg.payload.is_empty() {
                 self.retained.remove(topic);
-            } else if self.retained.len() < self.limits.max_retained || self.retained.contains_key(topic) {
+            } else if self.retained.len() < self.limits.max_retained
+                || self.retained.contains_key(topic)
+            {
                 self.retained.insert(msg.topic.clone(), msg.clone());
             }
         }
         let mut matches = std::mem::take(&mut self.scratch);
         self.tree.matching(topic, &mut matches);
         for &(key, sub_qos) in &matches {
-            let item = Queued { msg: msg.clone(), qos: msg.qos.min(sub_qos), retain: false };
+            let item = Queued {
+                msg: msg.clone(),
+                qos: msg.qos.min(sub_qos),
+                retain: false,
+            };
             self.deliver(key, item);
         }
         self.scratch = matches;
@@ -375,7 +399,12 @@ impl Broker {
 
     /// Add or replace `conn`'s subscriptions; the maximum QoS granted is 1. Matching retained messages are queued
     /// with RETAIN 1 [MQTT-3.3.1-6, MQTT-3.3.1-8]. `None` if `conn` is not attached.
-    pub fn subscribe(&mut self, conn: ConnId, packet_id: PacketId, filters: &[(String, QoS)]) -> Option<SubAck> {
+    pub fn subscribe(
+        &mut self,
+        conn: ConnId,
+        packet_id: PacketId,
+        filters: &[(String, QoS)],
+    ) -> Option<SubAck> {
         let key = *self.by_conn.get(&conn)?;
         let mut return_codes = Vec::with_capacity(filters.len());
         for (filter, requested) in filters {
@@ -396,13 +425,20 @@ impl Broker {
                 .retained
                 .values()
                 .filter(|m| topic::matches(filter, &m.topic))
-                .map(|m| Queued { msg: m.clone(), qos: m.qos.min(granted), retain: true })
+                .map(|m| Queued {
+                    msg: m.clone(),
+                    qos: m.qos.min(granted),
+                    retain: true,
+                })
                 .collect();
             for item in retained {
                 self.deliver(key, item);
             }
         }
-        Some(SubAck { packet_id, return_codes })
+        Some(SubAck {
+            packet_id,
+            return_codes,
+        })
     }
 
     /// Remove `conn`'s subscriptions to `filters` (absent ones are ignored); false if `conn` is not attached.
@@ -445,11 +481,21 @@ impl Broker {
             return 0;
         };
         let max_inflight = self.limits.max_inflight;
-        let s = self.sessions[key as usize].as_mut().expect("attached session is live");
+        let s = self.sessions[key as usize]
+            .as_mut()
+            .expect("attached session is live");
         let mut sent = 0;
         while out.len() < max_bytes && s.inflight_sent < s.inflight.len() {
             let (id, q) = &s.inflight[s.inflight_sent];
-            let _ = encode_publish(out, true, q.qos, q.retain, &q.msg.topic, Some(*id), &q.msg.payload);
+            let _ = encode_publish(
+                out,
+                true,
+                q.qos,
+                q.retain,
+                &q.msg.topic,
+                Some(*id),
+                &q.msg.payload,
+            );
             s.inflight_sent += 1;
             sent += 1;
         }
@@ -474,7 +520,17 @@ impl Broker {
                 }
             };
             // Topic and payload came from a decoded packet, so they fit; a failure would only skip the message.
-            if encode_publish(out, false, q.qos, q.retain, &q.msg.topic, packet_id, &q.msg.payload).is_ok() {
+            if encode_publish(
+                out,
+                false,
+                q.qos,
+                q.retain,
+                &q.msg.topic,
+                packet_id,
+                &q.msg.payload,
+            )
+            .is_ok()
+            {
                 sent += 1;
             }
             if let Some(id) = packet_id {
@@ -492,14 +548,29 @@ impl Broker {
         let st = self.stats();
         let uptime = now.saturating_duration_since(self.started).as_secs();
         let values = [
-            ("$SYS/broker/clients/connected", st.clients_connected.to_string()),
+            (
+                "$SYS/broker/clients/connected",
+                st.clients_connected.to_string(),
+            ),
             ("$SYS/broker/clients/total", st.sessions.to_string()),
-            ("$SYS/broker/messages/received", st.messages_received.to_string()),
+            (
+                "$SYS/broker/messages/received",
+                st.messages_received.to_string(),
+            ),
             ("$SYS/broker/messages/sent", st.messages_sent.to_string()),
-            ("$SYS/broker/messages/dropped", st.messages_dropped.to_string()),
+            (
+                "$SYS/broker/messages/dropped",
+                st.messages_dropped.to_string(),
+            ),
             ("$SYS/broker/memory/used", memory_used.to_string()),
-            ("$SYS/broker/retained messages/count", st.retained.to_string()),
-            ("$SYS/broker/subscriptions/count", st.subscriptions.to_string()),
+            (
+                "$SYS/broker/retained messages/count",
+                st.retained.to_string(),
+            ),
+            (
+                "$SYS/broker/subscriptions/count",
+                st.subscriptions.to_string(),
+            ),
             ("$SYS/broker/uptime", format!("{uptime} seconds")),
         ];
         for (topic, value) in values {

@@ -1,8 +1,9 @@
 //! Checking and decoding frames.
 
 use super::{
-    ConnAck, Connect, ConnectReturnCode, DecodeError, LastWill, Packet, PacketId, PacketType, Publish, QoS, SubAck,
-    Subscribe, SubscribeReturnCode, Unsubscribe, MAX_HEADER_LEN, PROTOCOL_LEVEL, PROTOCOL_NAME,
+    ConnAck, Connect, ConnectReturnCode, DecodeError, LastWill, Packet, PacketId, PacketType,
+    Publish, QoS, SubAck, Subscribe, SubscribeReturnCode, Unsubscribe, MAX_HEADER_LEN,
+    PROTOCOL_LEVEL, PROTOCOL_NAME,
 };
 use crate::topic;
 use bytes::{Buf, Bytes, BytesMut};
@@ -52,10 +53,18 @@ pub fn check(buf: &[u8], max_packet_size: usize) -> Result<Option<FrameHeader>, 
             break;
         }
     }
-    let header = FrameHeader { packet_type, flags, header_len: i, remaining_len };
+    let header = FrameHeader {
+        packet_type,
+        flags,
+        header_len: i,
+        remaining_len,
+    };
     let size = header.frame_len();
     if size > max_packet_size {
-        return Err(DecodeError::TooLarge { size, max: max_packet_size });
+        return Err(DecodeError::TooLarge {
+            size,
+            max: max_packet_size,
+        });
     }
     if buf.len() < size {
         return Ok(None);
@@ -65,7 +74,10 @@ pub fn check(buf: &[u8], max_packet_size: usize) -> Result<Option<FrameHeader>, 
 
 /// Take one whole packet off the front of `buf`, if there is one: `Ok(None)` means wait for more bytes. On an error
 /// the connection must be closed; what is left in `buf` is then meaningless.
-pub fn read_packet(buf: &mut BytesMut, max_packet_size: usize) -> Result<Option<Packet>, DecodeError> {
+pub fn read_packet(
+    buf: &mut BytesMut,
+    max_packet_size: usize,
+) -> Result<Option<Packet>, DecodeError> {
     match check(buf, max_packet_size)? {
         None => Ok(None),
         Some(header) => {
@@ -80,7 +92,10 @@ fn first_byte(b: u8) -> Result<(PacketType, u8), DecodeError> {
     let packet_type = PacketType::from_nibble(b >> 4)?;
     let flags = b & 0x0f;
     match packet_type.fixed_flags() {
-        Some(fixed) if fixed != flags => Err(DecodeError::InvalidFlags { packet_type: packet_type as u8, flags }),
+        Some(fixed) if fixed != flags => Err(DecodeError::InvalidFlags {
+            packet_type: packet_type as u8,
+            flags,
+        }),
         Some(_) => Ok((packet_type, flags)),
         None => {
             // PUBLISH: DUP (bit 3), QoS (bits 2-1), RETAIN (bit 0).
@@ -102,7 +117,10 @@ impl Packet {
             None => {
                 // Either the header itself is cut short or the body is.
                 let need = check_len_hint(&frame);
-                return Err(DecodeError::Incomplete { have: frame.len(), need });
+                return Err(DecodeError::Incomplete {
+                    have: frame.len(),
+                    need,
+                });
             }
         };
         if frame.len() > header.frame_len() {
@@ -192,7 +210,10 @@ fn decode_body(header: FrameHeader, body: Bytes) -> Result<Packet, DecodeError> 
                 return Err(DecodeError::ReservedBits("connack flags"));
             }
             let code = ConnectReturnCode::from_u8(r.u8("connack return code")?)?;
-            Packet::ConnAck(ConnAck { session_present: flags & 1 == 1, code })
+            Packet::ConnAck(ConnAck {
+                session_present: flags & 1 == 1,
+                code,
+            })
         }
         PacketType::Publish => {
             let flags = header.flags;
@@ -201,7 +222,11 @@ fn decode_body(header: FrameHeader, body: Bytes) -> Result<Packet, DecodeError> 
             if !topic::valid_name(&topic) {
                 return Err(DecodeError::InvalidTopicName);
             }
-            let packet_id = if qos == QoS::AtMostOnce { None } else { Some(r.packet_id()?) };
+            let packet_id = if qos == QoS::AtMostOnce {
+                None
+            } else {
+                Some(r.packet_id()?)
+            };
             Packet::Publish(Publish {
                 dup: flags & 0b1000 != 0,
                 qos,
@@ -248,7 +273,10 @@ fn decode_body(header: FrameHeader, body: Bytes) -> Result<Packet, DecodeError> 
             if return_codes.is_empty() {
                 return Err(DecodeError::Truncated("return codes"));
             }
-            Packet::SubAck(SubAck { packet_id, return_codes })
+            Packet::SubAck(SubAck {
+                packet_id,
+                return_codes,
+            })
         }
         PacketType::Unsubscribe => {
             let packet_id = r.packet_id()?;
@@ -306,11 +334,31 @@ fn connect(r: &mut Reader) -> Result<Connect, DecodeError> {
             return Err(DecodeError::InvalidTopicName);
         }
         let message = r.binary("will message")?;
-        Some(LastWill { topic, message, qos: QoS::from_bits(will_qos_bits)?, retain: will_retain })
+        Some(LastWill {
+            topic,
+            message,
+            qos: QoS::from_bits(will_qos_bits)?,
+            retain: will_retain,
+        })
     } else {
         None
     };
-    let username = if username_flag { Some(r.string("user name")?) } else { None };
-    let password = if password_flag { Some(r.binary("password")?) } else { None };
-    Ok(Connect { clean_session, keep_alive, client_id, will, username, password })
+    let username = if username_flag {
+        Some(r.string("user name")?)
+    } else {
+        None
+    };
+    let password = if password_flag {
+        Some(r.binary("password")?)
+    } else {
+        None
+    };
+    Ok(Connect {
+        clean_session,
+        keep_alive,
+        client_id,
+        will,
+        username,
+        password,
+    })
 }

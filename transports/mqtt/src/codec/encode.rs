@@ -1,6 +1,8 @@
 //! Encoding packets into a buffer.
 
-use super::{EncodeError, Packet, PacketId, PacketType, QoS, SubscribeReturnCode, MAX_REMAINING_LENGTH};
+use super::{
+    EncodeError, Packet, PacketId, PacketType, QoS, SubscribeReturnCode, MAX_REMAINING_LENGTH,
+};
 use super::{PROTOCOL_LEVEL, PROTOCOL_NAME};
 use bytes::BufMut;
 
@@ -54,8 +56,11 @@ pub fn encode_publish<B: BufMut>(
     if dup && qos == QoS::AtMostOnce {
         return Err(EncodeError::DupWithQos0);
     }
-    let remaining = field_len(topic.len(), "topic name")? + if packet_id.is_some() { 2 } else { 0 } + payload.len();
-    let first = (PacketType::Publish as u8) << 4 | u8::from(dup) << 3 | (qos as u8) << 1 | u8::from(retain);
+    let remaining = field_len(topic.len(), "topic name")?
+        + if packet_id.is_some() { 2 } else { 0 }
+        + payload.len();
+    let first =
+        (PacketType::Publish as u8) << 4 | u8::from(dup) << 3 | (qos as u8) << 1 | u8::from(retain);
     put_header(buf, first, remaining)?;
     put_field(buf, topic.as_bytes());
     if let Some(id) = packet_id {
@@ -111,7 +116,15 @@ impl Packet {
                 buf.put_u8(a.code as u8);
             }
             Packet::Publish(p) => {
-                encode_publish(buf, p.dup, p.qos, p.retain, &p.topic, p.packet_id, &p.payload)?;
+                encode_publish(
+                    buf,
+                    p.dup,
+                    p.qos,
+                    p.retain,
+                    &p.topic,
+                    p.packet_id,
+                    &p.payload,
+                )?;
             }
             Packet::PubAck(id)
             | Packet::PubRec(id)

@@ -28,7 +28,8 @@ fn topics(ps: &[Publish]) -> Vec<&str> {
 }
 
 fn sub(b: &mut Broker, conn: ConnId, filter: &str, qos: QoS) -> SubAck {
-    b.subscribe(conn, id(1), &[(filter.to_string(), qos)]).unwrap()
+    b.subscribe(conn, id(1), &[(filter.to_string(), qos)])
+        .unwrap()
 }
 
 const A: ConnId = ConnId(1);
@@ -40,9 +41,15 @@ fn wildcards_route_and_qos_is_the_lower_of_the_two() {
     let mut b = broker(SessionLimits::default());
     b.connect(A, "a", true, None);
     b.connect(B, "b", true, None);
-    assert_eq!(sub(&mut b, A, "s/+/t", QoS::AtLeastOnce).return_codes, [SubscribeReturnCode::Granted(QoS::AtLeastOnce)]);
+    assert_eq!(
+        sub(&mut b, A, "s/+/t", QoS::AtLeastOnce).return_codes,
+        [SubscribeReturnCode::Granted(QoS::AtLeastOnce)]
+    );
     // QoS 2 is granted as QoS 1.
-    assert_eq!(sub(&mut b, B, "s/#", QoS::ExactlyOnce).return_codes, [SubscribeReturnCode::Granted(QoS::AtLeastOnce)]);
+    assert_eq!(
+        sub(&mut b, B, "s/#", QoS::ExactlyOnce).return_codes,
+        [SubscribeReturnCode::Granted(QoS::AtLeastOnce)]
+    );
     b.publish("s/x/t", Bytes::from_static(b"1"), QoS::AtMostOnce, false);
     b.publish("s/x/t", Bytes::from_static(b"2"), QoS::AtLeastOnce, false);
     b.publish("s", Bytes::from_static(b"3"), QoS::AtLeastOnce, false);
@@ -53,7 +60,10 @@ fn wildcards_route_and_qos_is_the_lower_of_the_two() {
     assert_eq!(wakes, [A, B]);
     let got = take(&mut b, A);
     assert_eq!(topics(&got), ["s/x/t", "s/x/t"]);
-    assert_eq!((got[0].qos, got[1].qos), (QoS::AtMostOnce, QoS::AtLeastOnce));
+    assert_eq!(
+        (got[0].qos, got[1].qos),
+        (QoS::AtMostOnce, QoS::AtLeastOnce)
+    );
     assert!(!got[1].dup && !got[1].retain && got[1].packet_id.is_some());
     assert_eq!(topics(&take(&mut b, B)), ["s/x/t", "s/x/t", "s"]);
     assert_eq!(b.stats().messages_sent, 5);
@@ -93,7 +103,10 @@ fn a_persistent_session_keeps_qos1_messages_while_away_and_resends_unacked_with_
     let got = take(&mut b, B);
     let payloads: Vec<&[u8]> = got.iter().map(|p| &p.payload[..]).collect();
     assert_eq!(payloads, [b"0", b"1", b"3"]);
-    assert!(got[0].dup && got[0].packet_id == first[0].packet_id, "unacked message re-sent with DUP, same id");
+    assert!(
+        got[0].dup && got[0].packet_id == first[0].packet_id,
+        "unacked message re-sent with DUP, same id"
+    );
     assert!(!got[1].dup && !got[2].dup);
     // Acknowledged messages are gone; the next connection gets nothing more.
     for p in &got {
@@ -105,7 +118,10 @@ fn a_persistent_session_keeps_qos1_messages_while_away_and_resends_unacked_with_
     // A clean session discards it all.
     b.disconnect(C, true);
     b.publish("t", Bytes::from_static(b"4"), QoS::AtLeastOnce, false);
-    assert!(!b.connect(A, "p", true, None), "clean start: no session present");
+    assert!(
+        !b.connect(A, "p", true, None),
+        "clean start: no session present"
+    );
     sub(&mut b, A, "x", QoS::AtMostOnce);
     assert!(take(&mut b, A).is_empty());
 }
@@ -124,7 +140,10 @@ fn a_clean_session_ends_with_its_connection() {
 
 #[test]
 fn qos0_beyond_the_queue_bound_is_dropped_and_counted() {
-    let limits = SessionLimits { max_queued_qos0: 3, ..SessionLimits::default() };
+    let limits = SessionLimits {
+        max_queued_qos0: 3,
+        ..SessionLimits::default()
+    };
     let counters = Arc::new(Counters::default());
     let mut b = Broker::new(limits, counters.clone(), Instant::now());
     b.connect(A, "slow", true, None);
@@ -142,7 +161,11 @@ fn qos0_beyond_the_queue_bound_is_dropped_and_counted() {
 
 #[test]
 fn qos1_in_flight_is_bounded_and_opens_with_each_puback() {
-    let limits = SessionLimits { max_inflight: 2, max_queued_qos1: 4, ..SessionLimits::default() };
+    let limits = SessionLimits {
+        max_inflight: 2,
+        max_queued_qos1: 4,
+        ..SessionLimits::default()
+    };
     let mut b = broker(limits);
     b.connect(A, "a", true, None);
     sub(&mut b, A, "t", QoS::AtLeastOnce);
@@ -160,7 +183,10 @@ fn qos1_in_flight_is_bounded_and_opens_with_each_puback() {
     let next = take(&mut b, A);
     assert_eq!(next.len(), 1);
     assert_eq!(&next[0].payload[..], [2]);
-    assert_ne!(next[0].packet_id, first[1].packet_id, "ids in flight are never reused");
+    assert_ne!(
+        next[0].packet_id, first[1].packet_id,
+        "ids in flight are never reused"
+    );
 }
 
 #[test]
@@ -181,7 +207,11 @@ fn a_second_connection_with_the_same_client_id_takes_the_session_over() {
     b.drain_kicked(&mut kicked);
     assert_eq!(kicked, [A]);
     assert!(!b.is_attached(A) && b.is_attached(B));
-    assert_eq!(topics(&take(&mut b, C)), ["will/a"], "the old connection's will is published");
+    assert_eq!(
+        topics(&take(&mut b, C)),
+        ["will/a"],
+        "the old connection's will is published"
+    );
     // The old connection's late disconnect changes nothing.
     b.disconnect(A, false);
     assert!(b.is_attached(B));
@@ -195,7 +225,14 @@ fn the_will_is_published_on_a_drop_and_discarded_on_disconnect() {
     let mut b = broker(SessionLimits::default());
     b.connect(C, "watcher", true, None);
     sub(&mut b, C, "w", QoS::AtLeastOnce);
-    let will = || Some(LastWill { topic: "w".into(), message: Bytes::from_static(b"x"), qos: QoS::AtLeastOnce, retain: true });
+    let will = || {
+        Some(LastWill {
+            topic: "w".into(),
+            message: Bytes::from_static(b"x"),
+            qos: QoS::AtLeastOnce,
+            retain: true,
+        })
+    };
     b.connect(A, "a", true, will());
     b.disconnect(A, true);
     assert!(take(&mut b, C).is_empty());
@@ -217,7 +254,10 @@ fn sys_topics_are_published_retained_and_hidden_from_hash() {
     b.publish_sys(Instant::now(), 1234);
     assert!(take(&mut b, A).is_empty(), "# does not match $SYS");
     let got = take(&mut b, B);
-    assert_eq!(topics(&got), ["$SYS/broker/clients/connected", "$SYS/broker/clients/total"]);
+    assert_eq!(
+        topics(&got),
+        ["$SYS/broker/clients/connected", "$SYS/broker/clients/total"]
+    );
     assert_eq!(&got[0].payload[..], b"2");
     b.connect(C, "late", true, None);
     sub(&mut b, C, "$SYS/broker/memory/used", QoS::AtMostOnce);
@@ -228,12 +268,26 @@ fn sys_topics_are_published_retained_and_hidden_from_hash() {
 
 #[test]
 fn the_subscription_bound_refuses_extra_filters() {
-    let limits = SessionLimits { max_subscriptions: 2, ..SessionLimits::default() };
+    let limits = SessionLimits {
+        max_subscriptions: 2,
+        ..SessionLimits::default()
+    };
     let mut b = broker(limits);
     b.connect(A, "a", true, None);
-    let filters: Vec<(String, QoS)> = ["a", "b", "a", "c"].iter().map(|f| (f.to_string(), QoS::AtMostOnce)).collect();
+    let filters: Vec<(String, QoS)> = ["a", "b", "a", "c"]
+        .iter()
+        .map(|f| (f.to_string(), QoS::AtMostOnce))
+        .collect();
     let ack = b.subscribe(A, id(9), &filters).unwrap();
     use SubscribeReturnCode::*;
-    assert_eq!(ack.return_codes, [Granted(QoS::AtMostOnce), Granted(QoS::AtMostOnce), Granted(QoS::AtMostOnce), Failure]);
+    assert_eq!(
+        ack.return_codes,
+        [
+            Granted(QoS::AtMostOnce),
+            Granted(QoS::AtMostOnce),
+            Granted(QoS::AtMostOnce),
+            Failure
+        ]
+    );
     assert!(b.subscribe(B, id(9), &filters).is_none(), "not attached");
 }
