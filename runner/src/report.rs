@@ -37,6 +37,22 @@ fn columns(workload: &str) -> Vec<Column> {
             c("lost", "lost", Sum),
             c("applied twice", "duplicates", Sum),
         ],
+        "restart" => vec![
+            c("up again, ms", "up_ms", Decimal),
+            c("100 ms bins with nothing stored", "stall_bins", Count),
+            c("catch-up, s", "catch_up_s", Decimal),
+            c("server CPU s, 10 s after", "server_cpu_s_after", Decimal),
+            c("asymmetric ops after", "asym_ops_after", Count),
+            c("handshakes after", "handshakes_after", Count),
+            c("client CPU s, same 10 s", "client_cpu_s_after", Decimal),
+            c("re-sent", "resent", Count),
+            c("reconnects", "reconnects", Count),
+            c("to stored p99, ms", "make_to_stored_p99_ms", Decimal),
+            c("to stored max, ms", "make_to_stored_max_ms", Decimal),
+            c("orders", "orders_made", Count),
+            c("lost", "lost", Sum),
+            c("applied twice", "duplicates", Sum),
+        ],
         _ => Vec::new(),
     }
 }

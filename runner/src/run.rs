@@ -56,7 +56,7 @@ pub fn parse_workloads(list: &str) -> Result<Vec<WorkloadKind>, String> {
 }
 
 fn implemented(kind: WorkloadKind) -> bool {
-    matches!(kind, WorkloadKind::Drain)
+    matches!(kind, WorkloadKind::Drain | WorkloadKind::Restart)
 }
 
 fn implemented_names() -> String {
@@ -144,12 +144,26 @@ async fn run_one(h: &Harness, kind: WorkloadKind, t: &dyn Transport, round: u32)
         WorkloadKind::Drain => {
             workloads::drain::run(h, t, round, &workloads::drain::DrainParams::for_profile(h.profile)).await?
         }
+        WorkloadKind::Restart => {
+            workloads::restart::run(h, t, round, &workloads::restart::RestartParams::for_profile(h.profile)).await?
+        }
         other => bail!("workload `{other}` is not implemented yet"),
     })
 }
 
 fn summary(r: &RunResult) -> String {
-    let keys = ["orders_per_second", "lost", "duplicates", "server_cpu_s"];
+    let keys = [
+        "orders_per_second",
+        "up_ms",
+        "stall_bins",
+        "catch_up_s",
+        "asym_ops_after",
+        "handshakes_after",
+        "resent",
+        "lost",
+        "duplicates",
+        "server_cpu_s",
+    ];
     keys.iter()
         .filter_map(|k| r.metric(k).map(|v| format!("{k}={}", if v.fract() == 0.0 { format!("{v}") } else { format!("{v:.2}") })))
         .collect::<Vec<_>>()

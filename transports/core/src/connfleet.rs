@@ -650,16 +650,26 @@ mod tests {
     async fn an_unanswered_order_goes_again_on_a_new_connection() {
         let fake = Arc::new(Fake::default());
         let (fleet, mut rx) = fleet(&fake, 1);
-        fleet.connect(0).await.unwrap();
-        fake.stall.store(true, Ordering::Relaxed);
         fleet.send(0, order(0, 0));
-        tokio::time::sleep(Duration::from_millis(1500)).await;
+        stored_events(&mut rx, 1).await;
+        // The connection has answered before; now it stalls: after 1 s the order goes again on a new one.
+        fake.stall.store(true, Ordering::Relaxed);
+        fleet.send(0, order(0, 1));
+        tokio::time::sleep(Duration::from_millis(900)).await;
+        assert_eq!(fleet.shared.counters.snapshot().reconnects, 0);
+        tokio::time::sleep(Duration::from_millis(200)).await;
+        let c = fleet.shared.counters.snapshot();
+        assert_eq!((c.reconnects, c.resent), (1, 1), "{c:?}");
         assert_eq!(fleet.pending(), 1);
         fake.stall.store(false, Ordering::Relaxed);
-        assert_eq!(stored_events(&mut rx, 1).await, vec![order(0, 0).id]);
+        // The new connection has not answered yet, so it gets the connect timeout (10 s) rather than 1 s; the
+        // order, sent on it while stalled, goes again on a third connection after that.
+        tokio::time::sleep(Duration::from_secs(5)).await;
+        assert_eq!(fleet.shared.counters.snapshot().reconnects, 1);
+        assert_eq!(stored_events(&mut rx, 1).await, vec![order(0, 1).id]);
         let c = fleet.shared.counters.snapshot();
-        assert!(c.reconnects >= 1 && c.resent >= 1, "{c:?}");
-        assert_eq!(c.handshakes, c.reconnects + 1);
+        assert_eq!((c.handshakes, c.reconnects, c.resent), (3, 2, 2), "{c:?}");
+        assert_eq!(fleet.pending(), 0);
         fleet.close().await;
     }
 

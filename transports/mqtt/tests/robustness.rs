@@ -545,3 +545,35 @@ async fn nothing_is_lost_or_doubled_across_a_broker_restart() {
         u64::from(devices)
     );
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_plaintext_listener_takes_the_client_id_as_given() {
+    let b = TestBroker::start(1, quick_config(), true).await;
+    let tcp = tokio::net::TcpStream::connect(b.plain.unwrap())
+        .await
+        .unwrap();
+    let mut c = transport_mqtt::client::MqttStream::new(tcp);
+    c.connect(connect_packet("sensor-7", true, 0))
+        .await
+        .unwrap();
+    let sub = Subscribe {
+        packet_id: pid(1),
+        filters: vec![("t".into(), QoS::AtLeastOnce)],
+    };
+    c.send(&Packet::Subscribe(sub)).await.unwrap();
+    assert!(matches!(
+        recv_within(&mut c, SECOND).await.unwrap(),
+        Packet::SubAck(_)
+    ));
+    c.send(&publish("t", QoS::AtMostOnce, 0, Bytes::from_static(b"x")))
+        .await
+        .unwrap();
+    assert!(matches!(
+        recv_within(&mut c, SECOND).await.unwrap(),
+        Packet::Publish(_)
+    ));
+    // Its identity is its client id: it cannot place dev-7's order.
+    c.send(&order_publish(&order(7, 0), 7, 2)).await.unwrap();
+    assert!(closed_within(&mut c, 2 * SECOND).await);
+    assert_eq!(b.counters.snapshot().handshakes, 0);
+}

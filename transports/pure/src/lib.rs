@@ -6,6 +6,7 @@
 //! - [`wire`]: the datagram format (records and answers), parsed without keys.
 //! - [`crypto`]: node keys, the key schedule of every variant, seal and open.
 //! - [`senders`]: the allow-list of senders a receiver takes records from.
+//! - [`memo`]: link secrets remembered across restarts in a mapped file beside the node key.
 //! - [`receiver`] and [`sender`]: the sans-IO protocol cores, driven with an explicit `now`.
 //! - [`server`] and [`client`]: thin UDP drivers around the cores (tokio).
 //!
@@ -15,6 +16,7 @@
 
 pub mod client;
 pub mod crypto;
+pub mod memo;
 pub mod receiver;
 pub mod sender;
 pub mod senders;
@@ -149,7 +151,7 @@ impl Transport for Pure {
     }
 
     fn serve(&self, config: ServeConfig) -> BoxFuture<'static, Result<(), TransportError>> {
-        let kind = self.kind;
+        let (kind, memo) = (self.kind, self.memo);
         Box::pin(async move {
             let node = NodeKey::load(&config.identity.join(files::NODE_KEY)).map_err(identity_err)?;
             let senders = if config.senders.is_empty() {
@@ -165,6 +167,14 @@ impl Transport for Pure {
                 run = rand::rng().next_u64();
             }
             let public_key = hex::encode(node.public());
+            let secrets: Box<dyn receiver::LinkSecrets> = if memo && kind == Kind::Link {
+                let path = memo::path_for(&config.identity.join(files::NODE_KEY));
+                Box::new(memo::Memo::open(&path, &node, senders.len()).map_err(|e| {
+                    identity_err(format!("{}: {e}", path.display()))
+                })?)
+            } else {
+                Box::new(InMemorySecrets::default())
+            };
             let receiver = Receiver::new(
                 ReceiverConfig {
                     kind,
@@ -172,7 +182,7 @@ impl Transport for Pure {
                     senders,
                     run,
                     session_capacity: 65_536,
-                    secrets: Box::new(InMemorySecrets::default()),
+                    secrets,
                 },
                 config.counters.clone(),
             );

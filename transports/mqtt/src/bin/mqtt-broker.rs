@@ -1,6 +1,6 @@
 //! `mqtt-broker`: the in-tree MQTT 3.1.1 broker on its own, over TLS 1.3 with client certificates.
 //!
-//!     mqtt-broker --identity DIR --prepare 10 --store DIR/store        # new PKI for 10 devices, then serve
+//!     mqtt-broker --identity DIR --prepare 10 --pem-out DIR/pem --store DIR/store   # new PKI, then serve
 //!     mqtt-broker --identity DIR --store DIR/store --listen 127.0.0.1:8883 --plaintext 127.0.0.1:1883
 //!
 //! The identity directory holds `ca.pem`, `server.pem`, `server.key` and `devices.der` as `transport_core::tls`
@@ -27,6 +27,10 @@ struct Opt {
     /// First write a new PKI into --identity with certificates for this many devices (dev-0, dev-1, ...).
     #[arg(long)]
     prepare: Option<u32>,
+    /// Write every device's certificate and key as PEM files (dev-N.crt, dev-N.key) into this directory, for
+    /// command-line clients such as mosquitto_pub.
+    #[arg(long)]
+    pem_out: Option<PathBuf>,
     /// The TLS listener.
     #[arg(long, default_value = "127.0.0.1:8883")]
     listen: SocketAddr,
@@ -89,6 +93,20 @@ impl Opt {
 async fn run(opt: Opt) -> anyhow::Result<()> {
     if let Some(devices) = opt.prepare {
         tls::write_pki(&opt.identity, devices).context("writing the PKI")?;
+    }
+    if let Some(out) = &opt.pem_out {
+        let credentials = tls::DeviceCredentials::load(&opt.identity)
+            .context("loading the device credentials")?;
+        for n in 0..credentials.len() {
+            let name = transport_core::device_name(n);
+            transport_mqtt::mosquitto::device_pem(&credentials, n, out, &name)
+                .with_context(|| format!("writing {name}'s PEM files"))?;
+        }
+        eprintln!(
+            "mqtt-broker: {} device certificates written to {}",
+            credentials.len(),
+            out.display()
+        );
     }
     let counters = Arc::new(Counters::default());
     let server_tls =

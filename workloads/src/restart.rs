@@ -1,0 +1,255 @@
+//! **restart**: `devices` devices each make an order every `period_ms`; at `kill_at_s` the server is killed with
+//! SIGKILL and started again at once on the same port with the same identity and store; the run lasts
+//! `duration_s`, then waits until every order is answered.
+//!
+//! Load is open loop: order `seq` of device `d` has the intended time `start + (seq·devices + d)·period/devices`
+//! (devices spread evenly over the period), its `made_us` is that time, and latency counts from it, so a stalled
+//! server is not hidden by devices that stopped sending (no coordinated omission).
+//!
+//! Metrics: `orders_made`, `orders_acked`, `orders_applied`, `lost`, `duplicates` (store audit, read from the log);
+//! `up_ms` (kill to ready line); `stall_bins` (100 ms bins in the 10 s after the kill, while devices still make
+//! orders, with nothing stored, from the log's commit times); `catch_up_s` (kill until the last order made before the server was up again is answered);
+//! `server_cpu_s_after`, `client_cpu_s_after` (CPU in the 10 s after the restart); `asym_ops_after`,
+//! `handshakes_after` (the restarted server's counters over those 10 s); `resent`, `reconnects` (the devices'
+//! counters from the kill to the end); `make_to_stored_p50_ms`/`_p99_ms`/`_max_ms` and the histogram
+//! `make_to_stored`; `timeline` (orders stored per 100 ms bin, whole run, from the log); `kill_bin` (the timeline bin
+//! of the kill).
+
+use crate::harness::{self, any_loopback, put_counters, server_counters, Harness, WorkloadError};
+use crate::hist;
+use crate::result::RunResult;
+use serde::{Deserialize, Serialize};
+use std::time::{Duration, Instant};
+use transport_core::{sample, LinkEvent, Order, OrderId, Transport};
+
+/// The restart workload's parameters.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct RestartParams {
+    /// Devices, each with its own key or identity and its own link.
+    pub devices: u32,
+    /// Each device makes one order per period.
+    pub period_ms: u64,
+    /// When the server is killed, from the start of the load.
+    pub kill_at_s: f64,
+    /// How long devices make orders.
+    pub duration_s: f64,
+    /// Bytes of payload per order.
+    pub payload_bytes: u32,
+    /// After the load, how long to wait for the last answers.
+    pub drain_timeout_s: u64,
+}
+
+impl RestartParams {
+    /// Seed 095's M2 (10,000 devices, an order every 5 s each, kill at 21 s) or a CI-sized run.
+    pub fn for_profile(profile: harness::Profile) -> RestartParams {
+        match profile {
+            harness::Profile::Seed => RestartParams {
+                devices: 10_000,
+                period_ms: 5_000,
+                kill_at_s: 21.0,
+                duration_s: 33.0,
+                payload_bytes: 64,
+                drain_timeout_s: 60,
+            },
+            harness::Profile::Quick => RestartParams {
+                devices: 200,
+                period_ms: 1_000,
+                kill_at_s: 3.0,
+                duration_s: 7.0,
+                payload_bytes: 64,
+                drain_timeout_s: 30,
+            },
+        }
+    }
+}
+
+/// The width of a timeline bin.
+pub const BIN: Duration = Duration::from_millis(100);
+/// The window after the restart in which CPU, operations and stalls are counted.
+pub const AFTER: Duration = Duration::from_secs(10);
+
+/// Run one round of the restart workload.
+pub async fn run(
+    h: &Harness,
+    transport: &dyn Transport,
+    round: u32,
+    p: &RestartParams,
+) -> Result<RunResult, WorkloadError> {
+    let spec = transport.spec();
+    let dirs = h.dirs("restart", spec, round)?;
+    transport.prepare(&dirs.identity, p.devices)?;
+    let mut server = h.start_server(spec, any_loopback(), &dirs).await?;
+    let addr = server.ready().addr;
+    let mut f = h.fleet(transport, addr, &dirs, p.devices).await?;
+    h.say(&format!("restart {spec} round {round}: connecting {} devices", p.devices));
+    connect_all(&*f.fleet, p.devices).await?;
+
+    let runs: Vec<u64> = (0..p.devices).map(|_| harness::new_run()).collect();
+    let sender_ids: Vec<u64> =
+        (0..p.devices).map(|d| transport_core::sender_id(&transport_core::device_name(d))).collect();
+    let period = Duration::from_millis(p.period_ms);
+    let total = (p.duration_s * 1000.0 / p.period_ms as f64 * p.devices as f64).round() as u64;
+    let kill_at = Duration::from_secs_f64(p.kill_at_s);
+    let slot = |i: u64| Duration::from_nanos((i as u128 * period.as_nanos() / p.devices as u128) as u64);
+
+    let sampler = sample::Sampler::start(server.pid(), BIN);
+    let start = Instant::now();
+    let start_us = harness::unix_us();
+    let mut made: Vec<OrderId> = Vec::with_capacity(total as usize);
+    let mut acked: Vec<OrderId> = Vec::with_capacity(total as usize);
+    let mut latency = hist::new();
+    let mut next = 0u64;
+    let mut killed: Option<(Instant, u64)> = None; // (kill time, orders made before the server was up again)
+    let mut up: Option<Instant> = None;
+    // (schedule position, answer time) of every answer, for the catch-up.
+    let mut answers: Vec<(u64, Instant)> = Vec::with_capacity(total as usize);
+    let mut client_at_kill = f.counters.snapshot();
+    let mut after: Option<transport_core::CounterSnapshot> = None;
+    let mut tick = tokio::time::interval(Duration::from_millis(1));
+    tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Skip);
+
+    let record = |id: OrderId, device: u32, at: Instant, latency: &mut hdrhistogram::Histogram<u64>| {
+        let position = id.seq * p.devices as u64 + device as u64;
+        hist::record(latency, at.saturating_duration_since(start + slot(position)));
+        (position, at)
+    };
+
+    // Make orders on schedule, kill and restart the server, and collect answers.
+    while next < total {
+        tokio::select! {
+            _ = tick.tick() => {}
+            ev = f.events.recv() => {
+                if let Some(LinkEvent::Stored { device, id, at }) = ev {
+                    answers.push(record(id, device, at, &mut latency));
+                    acked.push(id);
+                }
+                continue;
+            }
+        }
+        let elapsed = start.elapsed();
+        while next < total && slot(next) <= elapsed {
+            let d = (next % p.devices as u64) as u32;
+            let seq = next / p.devices as u64;
+            let id = OrderId { sender: sender_ids[d as usize], run: runs[d as usize], seq };
+            let made_us = start_us + slot(next).as_micros() as u64;
+            f.fleet.send(d, Order { id, made_us, payload: harness::payload(&id, p.payload_bytes as usize) });
+            made.push(id);
+            next += 1;
+        }
+        if killed.is_none() && elapsed >= kill_at {
+            client_at_kill = f.counters.snapshot();
+            let t_kill = Instant::now();
+            server.kill().await?;
+            server = h.start_server(spec, addr, &dirs).await?;
+            let t_up = Instant::now();
+            sampler.set_pid(server.pid());
+            h.say(&format!("restart {spec} round {round}: killed, up again in {:.1} ms", (t_up - t_kill).as_secs_f64() * 1e3));
+            // Orders made before the server was up again: the schedule positions before the current one.
+            killed = Some((t_kill, next));
+            up = Some(t_up);
+        }
+        if let (Some(t_up), None) = (up, &after) {
+            if t_up.elapsed() >= AFTER {
+                after = Some(server_counters(&mut server).await);
+            }
+        }
+    }
+
+    // The load is over: wait for the last answers.
+    let deadline = Instant::now() + Duration::from_secs(p.drain_timeout_s);
+    while acked.len() < made.len() {
+        if let (Some(t_up), None) = (up, &after) {
+            if t_up.elapsed() >= AFTER {
+                after = Some(server_counters(&mut server).await);
+            }
+        }
+        match tokio::time::timeout_at(deadline.into(), f.events.recv()).await {
+            Ok(Some(LinkEvent::Stored { device, id, at })) => {
+                answers.push(record(id, device, at, &mut latency));
+                acked.push(id);
+            }
+            Ok(Some(_)) => {}
+            _ => break,
+        }
+    }
+    if let (Some(t_up), None) = (up, &after) {
+        // A run shorter than the window: the counters at the end, sampled now.
+        let _ = t_up;
+        after = Some(server_counters(&mut server).await);
+    }
+    let client_end = f.counters.snapshot();
+    let samples = sampler.stop().await;
+    f.fleet.close().await;
+    let _ = server.shutdown().await;
+
+    let entries = transport_core::store::read_log(&dirs.store)?;
+    let audit = transport_core::store::Audit::of_entries(&entries, &made, &acked);
+    let mut timeline = vec![0u64; ((p.duration_s + p.drain_timeout_s as f64) * 10.0) as usize + 1];
+    let mut last_bin = 0;
+    for e in &entries {
+        let bin = (e.stored_us.saturating_sub(start_us) / BIN.as_micros() as u64) as usize;
+        if bin < timeline.len() {
+            timeline[bin] += 1;
+            last_bin = last_bin.max(bin);
+        }
+    }
+    timeline.truncate(last_bin + 1);
+
+    let mut r = h.result("restart", spec, round, p);
+    let m = &mut r.metrics;
+    m.insert("orders_made".into(), audit.made.into());
+    m.insert("orders_acked".into(), audit.acked.into());
+    m.insert("orders_applied".into(), audit.applied.into());
+    m.insert("lost".into(), audit.lost.into());
+    m.insert("duplicates".into(), audit.duplicates.into());
+    m.insert("acked_not_applied".into(), audit.acked_not_applied.into());
+    if let (Some((t_kill, _)), Some(t_up)) = (killed, up) {
+        let kill_ms = t_kill.duration_since(start).as_millis() as u64;
+        let up_ms = t_up.duration_since(t_kill).as_secs_f64() * 1e3;
+        let kill_bin = (kill_ms / BIN.as_millis() as u64) as usize;
+        // Bins after the kill's own bin, within the 10 s window and while devices were still making orders.
+        let window = (AFTER.as_millis() / BIN.as_millis()) as usize;
+        let load_end = (p.duration_s * 1000.0 / BIN.as_millis() as f64) as usize;
+        let stall = (kill_bin + 1..(kill_bin + 1 + window).min(load_end))
+            .filter(|&b| timeline.get(b).is_none_or(|&n| n == 0))
+            .count();
+        // The backlog is gone when the last order made before the server was up again is answered.
+        let made_before_up = killed.map_or(0, |(_, n)| n);
+        let pre: Vec<Instant> = answers.iter().filter(|(pos, _)| *pos < made_before_up).map(|(_, t)| *t).collect();
+        let catch_up = if pre.len() as u64 == made_before_up {
+            pre.iter().max().map_or(0.0, |t| t.saturating_duration_since(t_kill).as_secs_f64())
+        } else {
+            f64::NAN
+        };
+        let up_rel = t_up.duration_since(start).as_millis() as u64;
+        let (server_after, client_after) = sample::cpu_between(&samples, up_rel, up_rel + AFTER.as_millis() as u64);
+        m.insert("up_ms".into(), up_ms.into());
+        m.insert("kill_bin".into(), kill_bin.into());
+        m.insert("stall_bins".into(), stall.into());
+        m.insert("catch_up_s".into(), serde_json::json!(if catch_up.is_finite() { Some(catch_up) } else { None }));
+        m.insert("server_cpu_s_after".into(), server_after.into());
+        m.insert("client_cpu_s_after".into(), client_after.into());
+    }
+    let after = after.unwrap_or_default();
+    m.insert("asym_ops_after".into(), after.asym_ops().into());
+    m.insert("handshakes_after".into(), after.handshakes.into());
+    let client = client_end.since(&client_at_kill);
+    m.insert("resent".into(), client.resent.into());
+    m.insert("reconnects".into(), client.reconnects.into());
+    m.insert("make_to_stored_p50_ms".into(), hist::quantile_ms(&latency, 0.5).into());
+    m.insert("make_to_stored_p99_ms".into(), hist::quantile_ms(&latency, 0.99).into());
+    m.insert("make_to_stored_max_ms".into(), (latency.max() as f64 / 1e3).into());
+    m.insert("timeline".into(), serde_json::json!(timeline));
+    put_counters(&mut r, "server_after_", &after);
+    put_counters(&mut r, "client_", &client_end);
+    r.histograms.insert("make_to_stored".into(), hist::encode(&latency));
+    harness::clean(&dirs, false);
+    Ok(r)
+}
+
+/// Open every device's link, many at a time (a handshake each where the transport has one).
+pub async fn connect_all(fleet: &dyn transport_core::Fleet, devices: u32) -> Result<(), WorkloadError> {
+    use futures::stream::{self, StreamExt, TryStreamExt};
+    stream::iter(0..devices).map(|d| fleet.connect(d)).buffer_unordered(256).try_collect::<Vec<_>>().await?;
+    Ok(())
+}
