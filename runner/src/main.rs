@@ -80,12 +80,16 @@ fn start_run(args: run::RunArgs) -> ExitCode {
         Ok(k) => k,
         Err(e) => return usage(&e),
     };
+    let plan = match run::plan(args.profile, &kinds, &args.params) {
+        Ok(p) => p,
+        Err(e) => return usage(&e),
+    };
     transport_core::process::install_cleanup();
     let runtime = match tokio::runtime::Builder::new_multi_thread().enable_all().build() {
         Ok(r) => r,
         Err(e) => return finish(Err(e.into())),
     };
-    let r = runtime.block_on(run::run(args, transports, kinds));
+    let r = runtime.block_on(run::run(args, transports, kinds, plan));
     drop(runtime);
     finish(r)
 }

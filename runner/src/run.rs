@@ -35,6 +35,9 @@ pub struct RunArgs {
     /// Where runs keep their keys and stores (default: a temporary directory, removed at the end).
     #[arg(long)]
     pub work_dir: Option<PathBuf>,
+    /// Override a workload parameter, KEY=VALUE (repeatable; applies to every workload that has the key).
+    #[arg(long = "param", value_name = "KEY=VALUE")]
+    pub params: Vec<String>,
 }
 
 /// Parse the workload list; the first unknown one is the error.
@@ -68,7 +71,46 @@ pub fn rotation(n: usize, round: u32) -> Vec<usize> {
     (0..n).map(|i| (i + round as usize) % n.max(1)).collect()
 }
 
-pub async fn run(args: RunArgs, transports: Vec<Box<dyn Transport>>, kinds: Vec<WorkloadKind>) -> Result<()> {
+/// The parameters of every workload for a profile, with the user's overrides applied.
+pub struct Plan {
+    drain: workloads::drain::DrainParams,
+    restart: workloads::restart::RestartParams,
+}
+
+/// Build the plan; an override that fits none of the chosen workloads is an error.
+pub fn plan(profile: Profile, kinds: &[WorkloadKind], overrides: &[String]) -> Result<Plan, String> {
+    use workloads::harness::override_params;
+    let drain = workloads::drain::DrainParams::for_profile(profile);
+    let restart = workloads::restart::RestartParams::for_profile(profile);
+    let mut plan = Plan { drain: drain.clone(), restart: restart.clone() };
+    for o in overrides {
+        let one = std::slice::from_ref(o);
+        let mut used = false;
+        let mut last_err = String::new();
+        for kind in kinds {
+            let r = match kind {
+                WorkloadKind::Drain => override_params(&plan.drain, one).map(|p| plan.drain = p),
+                WorkloadKind::Restart => override_params(&plan.restart, one).map(|p| plan.restart = p),
+                _ => Err(String::new()),
+            };
+            match r {
+                Ok(()) => used = true,
+                Err(e) => last_err = e,
+            }
+        }
+        if !used {
+            return Err(if last_err.is_empty() { format!("parameter `{o}` fits no chosen workload") } else { last_err });
+        }
+    }
+    Ok(plan)
+}
+
+pub async fn run(
+    args: RunArgs,
+    transports: Vec<Box<dyn Transport>>,
+    kinds: Vec<WorkloadKind>,
+    plan: Plan,
+) -> Result<()> {
     if args.rounds == 0 {
         bail!("--rounds must be at least 1");
     }
@@ -113,7 +155,7 @@ pub async fn run(args: RunArgs, transports: Vec<Box<dyn Transport>>, kinds: Vec<
                     }
                     Support::Yes => {
                         eprintln!("{kind} · {} · round {}/{}", t.spec(), round + 1, args.rounds);
-                        match run_one(&harness, *kind, t, round).await {
+                        match run_one(&harness, &plan, *kind, t, round).await {
                             Ok(r) => r,
                             Err(e) => {
                                 eprintln!("error: {kind} {} round {round}: {e:#}", t.spec());
@@ -139,14 +181,10 @@ pub async fn run(args: RunArgs, transports: Vec<Box<dyn Transport>>, kinds: Vec<
     Ok(())
 }
 
-async fn run_one(h: &Harness, kind: WorkloadKind, t: &dyn Transport, round: u32) -> Result<RunResult> {
+async fn run_one(h: &Harness, plan: &Plan, kind: WorkloadKind, t: &dyn Transport, round: u32) -> Result<RunResult> {
     Ok(match kind {
-        WorkloadKind::Drain => {
-            workloads::drain::run(h, t, round, &workloads::drain::DrainParams::for_profile(h.profile)).await?
-        }
-        WorkloadKind::Restart => {
-            workloads::restart::run(h, t, round, &workloads::restart::RestartParams::for_profile(h.profile)).await?
-        }
+        WorkloadKind::Drain => workloads::drain::run(h, t, round, &plan.drain).await?,
+        WorkloadKind::Restart => workloads::restart::run(h, t, round, &plan.restart).await?,
         other => bail!("workload `{other}` is not implemented yet"),
     })
 }

@@ -86,7 +86,13 @@ pub fn run(args: ServeArgs) -> Result<()> {
                 }
             }
         };
-        let Some(ready) = ready else { bail!("the server stopped before it was ready") };
+        let Some(ready) = ready else {
+            // The transport dropped its ready sender: it failed while starting; report its error.
+            match server.await {
+                Ok(Err(e)) => bail!("{e}"),
+                _ => bail!("the server stopped before it was ready"),
+            }
+        };
         let line = ReadyMessage {
             ready: ReadyLine {
                 transport: args.transport.clone(),

@@ -236,3 +236,38 @@ pub fn new_run() -> u64 {
 pub fn any_loopback() -> SocketAddr {
     "127.0.0.1:0".parse().expect("valid")
 }
+
+/// Apply `KEY=VALUE` overrides to a workload's parameters. A value is read as JSON when it parses (numbers, true),
+/// else as a string. An unknown key or a value of the wrong type is an error naming the valid keys.
+pub fn override_params<P>(params: &P, overrides: &[String]) -> Result<P, String>
+where
+    P: Serialize + serde::de::DeserializeOwned,
+{
+    let mut value = serde_json::to_value(params).map_err(|e| e.to_string())?;
+    let obj = value.as_object_mut().ok_or("parameters are not an object")?;
+    for o in overrides {
+        let (k, v) = o.split_once('=').ok_or_else(|| format!("`{o}`: expected KEY=VALUE"))?;
+        if !obj.contains_key(k) {
+            let keys: Vec<&str> = obj.keys().map(String::as_str).collect();
+            return Err(format!("unknown parameter `{k}` (choose from: {})", keys.join(", ")));
+        }
+        let parsed = serde_json::from_str(v).unwrap_or_else(|_| serde_json::Value::String(v.to_string()));
+        obj.insert(k.to_string(), parsed);
+    }
+    serde_json::from_value(value).map_err(|e| format!("bad parameter value: {e}"))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn overrides_apply_and_unknown_keys_are_named() {
+        let p = crate::drain::DrainParams::for_profile(Profile::Quick);
+        let q = override_params(&p, &["orders=500".into(), "clients=2".into()]).unwrap();
+        assert_eq!((q.orders, q.clients, q.payload_bytes), (500, 2, p.payload_bytes));
+        let e = override_params(&p, &["nope=1".into()]).unwrap_err();
+        assert!(e.contains("nope") && e.contains("orders"), "{e}");
+        assert!(override_params(&p, &["orders=many".into()]).is_err());
+    }
+}

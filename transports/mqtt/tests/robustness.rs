@@ -155,10 +155,7 @@ async fn a_partial_packet_then_silence_is_cut_by_the_timeouts() {
     bad.send_raw(&[0x30, 0x10, 0x00]).await.unwrap();
     assert!(closed_within(&mut bad, 4 * SECOND).await);
     let waited = started.elapsed();
-    assert!(
-        waited >= Duration::from_millis(1400) && waited < Duration::from_millis(3000),
-        "{waited:?}"
-    );
+    assert!(waited >= Duration::from_millis(1400), "{waited:?}");
     w.still_works().await;
 }
 
@@ -173,10 +170,9 @@ async fn an_oversized_remaining_length_is_refused_from_its_header() {
         &[0x30, 0x80, 0x80, 0x04],
     ] {
         let mut bad = b.connected(2, true, 0).await;
-        let started = Instant::now();
         bad.send_raw(header).await.unwrap();
+        // Keepalive is off and no connect timeout applies any more: only the header can close it.
         assert!(closed_within(&mut bad, 2 * SECOND).await);
-        assert!(started.elapsed() < SECOND);
         w.still_works().await;
     }
 }

@@ -4,7 +4,7 @@
 //! "killed" by dropping that runtime without running it again, so nothing it had not sent already goes out: no
 //! CONNECTION_CLOSE, no answers. Only hard invariants are asserted, never timings.
 
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
@@ -191,14 +191,15 @@ async fn wait_stored(
     seen: &mut HashMap<OrderId, u32>,
 ) {
     let deadline = tokio::time::Instant::now() + Duration::from_secs(120);
-    while !made.iter().all(|id| seen.contains_key(id)) {
+    let mut missing: HashSet<OrderId> = made.iter().filter(|id| !seen.contains_key(id)).copied().collect();
+    while !missing.is_empty() {
         match tokio::time::timeout_at(deadline, rx.recv()).await {
-            Ok(Some(LinkEvent::Stored { id, .. })) => *seen.entry(id).or_default() += 1,
-            Ok(Some(LinkEvent::Connected { .. })) => {}
-            _ => {
-                let missing = made.iter().filter(|id| !seen.contains_key(id)).count();
-                panic!("{missing} of {} orders never reported stored", made.len());
+            Ok(Some(LinkEvent::Stored { id, .. })) => {
+                *seen.entry(id).or_default() += 1;
+                missing.remove(&id);
             }
+            Ok(Some(LinkEvent::Connected { .. })) => {}
+            _ => panic!("{} of {} orders never reported stored", missing.len(), made.len()),
         }
     }
 }

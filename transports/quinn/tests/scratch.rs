@@ -4,7 +4,7 @@
 //! "killed" by dropping that runtime without running it again, so nothing it had not sent already goes out: no
 //! CONNECTION_CLOSE, no answers. Only hard invariants are asserted, never timings.
 
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
@@ -191,14 +191,15 @@ async fn wait_stored(
     seen: &mut HashMap<OrderId, u32>,
 ) {
     let deadline = tokio::time::Instant::now() + Duration::from_secs(120);
-    while !made.iter().all(|id| seen.contains_key(id)) {
+    let mut missing: HashSet<OrderId> = made.iter().filter(|id| !seen.contains_key(id)).copied().collect();
+    while !missing.is_empty() {
         match tokio::time::timeout_at(deadline, rx.recv()).await {
-            Ok(Some(LinkEvent::Stored { id, .. })) => *seen.entry(id).or_default() += 1,
-            Ok(Some(LinkEvent::Connected { .. })) => {}
-            _ => {
-                let missing = made.iter().filter(|id| !seen.contains_key(id)).count();
-                panic!("{missing} of {} orders never reported stored", made.len());
+            Ok(Some(LinkEvent::Stored { id, .. })) => {
+                *seen.entry(id).or_default() += 1;
+                missing.remove(&id);
             }
+            Ok(Some(LinkEvent::Connected { .. })) => {}
+            _ => panic!("{} of {} orders never reported stored", missing.len(), made.len()),
         }
     }
 }
@@ -221,37 +222,56 @@ async fn assert_reported_once(
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn scratch_scale() {
     let devices: u32 = std::env::var("DEVS").unwrap().parse().unwrap();
-    let t = std::time::Instant::now();
     let setup = setup(devices);
-    eprintln!("pki {:?}", t.elapsed());
     let first = Server::start(&setup.identity, &setup.store_dir, "127.0.0.1:0".parse().unwrap());
     let addr = first.addr;
     let (fleet, mut rx, client) = fleet(&setup, addr, devices).await;
-    let mut made = Vec::new();
-    let mut seen = HashMap::new();
+    let stored = Arc::new(std::sync::atomic::AtomicU64::new(0));
+    let st = stored.clone();
+    let collector = tokio::spawn(async move { let mut seen = HashMap::new(); while let Some(e) = rx.recv().await { if let LinkEvent::Stored { id, .. } = e { *seen.entry(id).or_insert(0u32) += 1; st.fetch_add(1, std::sync::atomic::Ordering::Relaxed); } } seen });
     let (cc, sc) = (client.clone(), first.counters.clone());
-    tokio::spawn(async move { loop { tokio::time::sleep(Duration::from_secs(2)).await; let c = cc.snapshot(); let s = sc.snapshot(); eprintln!("client hs {} rc {} rs {} x {} | server hs {} recv {} x {} ref {}", c.handshakes, c.reconnects, c.resent, c.x25519, s.handshakes, s.received, s.x25519, s.refused()); } });
-    let t = std::time::Instant::now();
-    for d in 0..devices { let o = order(d, 0); made.push(o.id); fleet.send(d, o); }
-    wait_stored(&mut rx, &made, &mut seen).await;
-    eprintln!("first round {:?} {:?}", t.elapsed(), client.snapshot());
-    let t = std::time::Instant::now();
-    for d in 0..devices { let o = order(d, 1); made.push(o.id); fleet.send(d, o); }
-    wait_stored(&mut rx, &made, &mut seen).await;
-    eprintln!("second round {:?}", t.elapsed());
-    let before = first.kill().await;
-    let second = Server::start(&setup.identity, &setup.store_dir, addr);
-    let t = std::time::Instant::now();
-    for d in 0..devices { let o = order(d, 2); made.push(o.id); fleet.send(d, o); }
-    wait_stored(&mut rx, &made, &mut seen).await;
-    eprintln!("after restart {:?} {:?}", t.elapsed(), client.snapshot());
+    let st = stored.clone();
+    let t0 = std::time::Instant::now();
+    let mon = tokio::spawn(async move { loop { tokio::time::sleep(Duration::from_secs(1)).await; let c = cc.snapshot(); let s = sc.snapshot(); eprintln!("{:>5.1}s stored {} client hs {} rc {} rs {} | server1 hs {} recv {}", t0.elapsed().as_secs_f64(), st.load(std::sync::atomic::Ordering::Relaxed), c.handshakes, c.reconnects, c.resent, s.handshakes, s.received); } });
+    let period = Duration::from_secs(5);
+    let total = Duration::from_secs(30);
+    let kill_at = Duration::from_secs(16);
+    let mut made = Vec::new();
+    let mut first = Some(first);
+    let mut second = None;
+    let start = tokio::time::Instant::now();
+    let mut k: u64 = 0;
+    loop {
+        let d = (k % u64::from(devices)) as u32;
+        let seq = k / u64::from(devices);
+        let at = start + period * (seq as u32) + period.mul_f64(f64::from(d) / f64::from(devices));
+        if at - start > total { break; }
+        tokio::time::sleep_until(at).await;
+        if second.is_none() && at - start >= kill_at {
+            let s = first.take().unwrap().kill().await;
+            eprintln!("killed: {s:?}");
+            let t = std::time::Instant::now();
+            second = Some(Server::start(&setup.identity, &setup.store_dir, addr));
+            eprintln!("up in {:?}", t.elapsed());
+        }
+        let o = order(d, seq);
+        made.push(o.id);
+        fleet.send(d, o);
+        k += 1;
+    }
+    let deadline = std::time::Instant::now() + Duration::from_secs(60);
+    while fleet.pending() > 0 && std::time::Instant::now() < deadline { tokio::time::sleep(Duration::from_millis(100)).await; }
     fleet.close().await;
-    let after = second.kill().await;
-    eprintln!("server before {before:?}\nafter {after:?}");
-    let audit = store::audit(&setup.store_dir, &made, &made).unwrap();
-    eprintln!("{audit:?}");
+    mon.abort();
+    drop(fleet);
+    let seen = collector.await.unwrap();
+    let after = second.unwrap().kill().await;
+    eprintln!("client {:?}\nserver2 {after:?}", client.snapshot());
+    let audit = store::audit(&setup.store_dir, &made, &seen.keys().copied().collect::<Vec<_>>()).unwrap();
+    eprintln!("{audit:?} twice {}", seen.values().filter(|&&n| n > 1).count());
     let status = std::fs::read_to_string("/proc/self/status").unwrap();
     eprintln!("{}", status.lines().filter(|l| l.starts_with("VmHWM") || l.starts_with("VmRSS")).collect::<Vec<_>>().join(" "));
+
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -1,0 +1,249 @@
+//! End-to-end tests of Pure through real server processes (`runner serve`), real UDP sockets and the real store.
+
+use std::net::SocketAddr;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+use transport_core::{device_name, sender_id, LinkEvent, Order, OrderId, SyncPolicy};
+use workloads::harness::{self, Harness, Profile, RunDirs};
+
+fn harness(dir: &std::path::Path) -> Harness {
+    Harness {
+        runner: env!("CARGO_BIN_EXE_runner").into(),
+        work_dir: dir.to_path_buf(),
+        server_threads: 1,
+        sync: SyncPolicy::Batch,
+        profile: Profile::Quick,
+        provenance: Default::default(),
+        progress: Arc::new(|_| {}),
+    }
+}
+
+fn order(device: u32, run: u64, seq: u64) -> Order {
+    let id = OrderId { sender: sender_id(&device_name(device)), run, seq };
+    Order { id, made_us: seq, payload: harness::payload(&id, 64) }
+}
+
+async fn wait_stored(
+    events: &mut tokio::sync::mpsc::UnboundedReceiver<LinkEvent>,
+    acked: &mut Vec<OrderId>,
+    want: usize,
+    limit: Duration,
+) {
+    let deadline = Instant::now() + limit;
+    while acked.len() < want {
+        match tokio::time::timeout_at(deadline.into(), events.recv()).await {
+            Ok(Some(LinkEvent::Stored { id, .. })) => acked.push(id),
+            Ok(Some(_)) => {}
+            _ => panic!("only {} of {want} orders answered", acked.len()),
+        }
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_server_killed_mid_drain_loses_no_acknowledged_order_and_applies_none_twice() {
+    for spec in ["pure", "pure:hpke-session", "pure:plain"] {
+        let dir = tempfile::tempdir().unwrap();
+        let h = harness(dir.path());
+        let t = transport_pure::transport(spec).unwrap();
+        let dirs = h.dirs("kill", spec, 0).unwrap();
+        t.prepare(&dirs.identity, 4).unwrap();
+        let mut server = h.start_server(spec, harness::any_loopback(), &dirs).await.unwrap();
+        let addr = server.ready().addr;
+        let mut f = h.fleet(t.as_ref(), addr, &dirs, 4).await.unwrap();
+        let mut made = Vec::new();
+        for seq in 0..3000u64 {
+            let o = order((seq % 4) as u32, 7, seq);
+            made.push(o.id);
+            f.fleet.send((seq % 4) as u32, o);
+        }
+        let mut acked = Vec::new();
+        wait_stored(&mut f.events, &mut acked, 500, Duration::from_secs(30)).await;
+        server.kill().await.unwrap();
+        let acked_before_kill = acked.clone();
+        // The log holds every order answered before the kill.
+        let audit = transport_core::store::audit(&dirs.store, &acked_before_kill, &acked_before_kill).unwrap();
+        assert_eq!(audit.acked_not_applied, 0, "{spec}: an answered order is durable");
+        let mut server = h.start_server(spec, addr, &dirs).await.unwrap();
+        wait_stored(&mut f.events, &mut acked, made.len(), Duration::from_secs(60)).await;
+        f.fleet.close().await;
+        server.shutdown().await.unwrap();
+        let audit = transport_core::store::audit(&dirs.store, &made, &acked).unwrap();
+        assert!(audit.is_clean(), "{spec}: {audit:?}");
+        assert_eq!(audit.applied, 3000, "{spec}");
+        let distinct: std::collections::HashSet<_> = acked.iter().collect();
+        assert_eq!(distinct.len(), acked.len(), "{spec}: each order answered once to the workload");
+    }
+}
+
+/// Send raw datagrams to the server from a socket of our own.
+async fn send_raw(to: SocketAddr, datagrams: &[Vec<u8>]) {
+    let s = tokio::net::UdpSocket::bind("127.0.0.1:0").await.unwrap();
+    for d in datagrams {
+        s.send_to(d, to).await.unwrap();
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn garbage_and_forged_records_are_refused_and_counted_while_the_run_goes_on() {
+    use rand::SeedableRng;
+    use transport_pure::crypto::NodeKey;
+    use transport_pure::sender::{Sender, SenderConfig};
+    use transport_pure::wire::{self, Kind};
+
+    let spec = "pure";
+    let dir = tempfile::tempdir().unwrap();
+    let h = harness(dir.path());
+    let t = transport_pure::transport(spec).unwrap();
+    let dirs: RunDirs = h.dirs("refuse", spec, 0).unwrap();
+    t.prepare(&dirs.identity, 2).unwrap();
+    let mut server = h.start_server(spec, harness::any_loopback(), &dirs).await.unwrap();
+    let addr = server.ready().addr;
+    let mut f = h.fleet(t.as_ref(), addr, &dirs, 2).await.unwrap();
+
+    // Records from a node that is not allowed, and the same records claiming device 0's key id.
+    let node_public = transport_core::keys::read_key32(&dirs.identity.join("node.pub")).unwrap();
+    let senders = transport_pure::senders::AllowList::load(&dirs.identity.join("senders")).unwrap();
+    let victim = wire::key_id(&senders.senders()[0].public);
+    let mut rng = rand::rngs::StdRng::seed_from_u64(1);
+    let impostor = NodeKey::generate(&mut rng);
+    let own = impostor.key_id();
+    let counters = Arc::new(transport_core::Counters::default());
+    let mut s = Sender::new(SenderConfig::new(Kind::Link), impostor, node_public, rng, counters);
+    for seq in 0..5 {
+        s.push(Instant::now(), order(0, 99, seq));
+    }
+    let mut unknown = Vec::new();
+    assert!(s.poll_transmit(Instant::now(), &mut unknown));
+    let mut forged = unknown.clone();
+    let mut at = 0;
+    while at < forged.len() {
+        let (_, used) = wire::parse_frame(&forged[at..]).unwrap();
+        assert_eq!(&forged[at + 2..at + 10], &own);
+        forged[at + 2..at + 10].copy_from_slice(&victim);
+        at += used;
+    }
+    let garbage: Vec<Vec<u8>> = (0..50u8).map(|i| vec![i; 1 + i as usize * 7]).collect();
+
+    let mut made = Vec::new();
+    let mut acked = Vec::new();
+    for seq in 0..400u64 {
+        let o = order((seq % 2) as u32, 5, seq);
+        made.push(o.id);
+        f.fleet.send((seq % 2) as u32, o);
+        if seq == 200 {
+            send_raw(addr, &garbage).await;
+            send_raw(addr, &[unknown.clone(), forged.clone()]).await;
+        }
+    }
+    wait_stored(&mut f.events, &mut acked, 400, Duration::from_secs(30)).await;
+    let stats = server.stats().await.unwrap();
+    let c: transport_core::CounterSnapshot = serde_json::from_value(stats["counters"].clone()).unwrap();
+    assert!(c.refused_malformed >= 49, "{c:?}");
+    assert_eq!(c.refused_unknown, 5, "{c:?}");
+    assert_eq!(c.refused_forged, 5, "{c:?}");
+    f.fleet.close().await;
+    server.shutdown().await.unwrap();
+    let audit = transport_core::store::audit(&dirs.store, &made, &acked).unwrap();
+    assert!(audit.is_clean(), "nothing from the impostor was applied: {audit:?}");
+    assert_eq!(audit.applied, 400);
+}
+
+#[test]
+fn the_runner_prints_the_drain_table_and_writes_results() {
+    let dir = tempfile::tempdir().unwrap();
+    let out = dir.path().join("r.jsonl");
+    let o = std::process::Command::new(env!("CARGO_BIN_EXE_runner"))
+        .args(["--transport", "pure:plain,pure:hpke-session,pure:hpke-per-request,pure", "--workload", "drain"])
+        .args(["--rounds", "2", "--param", "orders=600", "--param", "pile_up_ms=50", "--out"])
+        .arg(&out)
+        .output()
+        .unwrap();
+    let stdout = String::from_utf8_lossy(&o.stdout);
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    assert!(stdout.contains("### drain") && stdout.contains("pure:hpke-per-request"), "{stdout}");
+    let results = workloads::result::read(&out).unwrap();
+    assert_eq!(results.len(), 8);
+    for r in &results {
+        for key in ["orders", "orders_per_second", "applied", "lost", "duplicates", "server_cpu_s"] {
+            assert!(r.metrics.contains_key(key), "{key} in {:?}", r.metrics.keys());
+        }
+        assert_eq!(r.metric("lost"), Some(0.0));
+        assert_eq!(r.metric("duplicates"), Some(0.0));
+        assert_eq!(r.metric("applied"), Some(608.0), "600 orders and one warm-up per client");
+        assert!(workloads::hist::decode(&r.histograms["continue_to_stored"]).unwrap().len() >= 600);
+        assert!(!r.provenance.rustc.is_empty() && r.provenance.cores > 0);
+    }
+    // Rounds rotate the order of the transports.
+    assert_ne!(results[0].transport, results[4].transport);
+}
+
+#[test]
+fn the_restart_workload_reports_the_memo_and_no_memo_shape() {
+    let dir = tempfile::tempdir().unwrap();
+    let out = dir.path().join("r.jsonl");
+    let o = std::process::Command::new(env!("CARGO_BIN_EXE_runner"))
+        .args(["--transport", "pure,pure:no-memo", "--workload", "restart", "--rounds", "1"])
+        .args(["--param", "devices=50", "--param", "kill_at_s=1.5", "--param", "duration_s=3", "--out"])
+        .arg(&out)
+        .output()
+        .unwrap();
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    let results = workloads::result::read(&out).unwrap();
+    for r in &results {
+        assert_eq!(r.metric("lost"), Some(0.0), "{}", r.transport);
+        assert_eq!(r.metric("duplicates"), Some(0.0), "{}", r.transport);
+        assert_eq!(r.metric("orders_made"), r.metric("orders_applied"));
+        let asym = r.metric("asym_ops_after").unwrap();
+        match r.transport.as_str() {
+            "pure" => assert_eq!(asym, 0.0, "the memo spares every X25519 after a restart"),
+            _ => assert_eq!(asym, 50.0, "one X25519 per returning device"),
+        }
+        assert!(r.metrics["timeline"].as_array().is_some_and(|t| !t.is_empty()));
+    }
+}
+
+#[test]
+fn interrupting_the_runner_leaves_no_server_behind() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut child = std::process::Command::new(env!("CARGO_BIN_EXE_runner"))
+        .args(["--transport", "pure", "--workload", "restart", "--rounds", "1", "--param", "devices=20"])
+        .args(["--param", "duration_s=30", "--param", "kill_at_s=20", "--out"])
+        .arg(dir.path().join("r.jsonl"))
+        .stderr(std::process::Stdio::null())
+        .spawn()
+        .unwrap();
+    let pid = child.id();
+    // Wait for the server child to appear.
+    let deadline = Instant::now() + Duration::from_secs(20);
+    let mut servers = Vec::new();
+    while servers.is_empty() && Instant::now() < deadline {
+        std::thread::sleep(Duration::from_millis(100));
+        servers = children_of(pid);
+    }
+    assert!(!servers.is_empty(), "the runner started a server");
+    // SAFETY: plain kill(2) on a child we spawned.
+    unsafe { libc::kill(pid as i32, libc::SIGINT) };
+    let status = child.wait().unwrap();
+    assert_eq!(status.code(), Some(130));
+    std::thread::sleep(Duration::from_millis(300));
+    for s in servers {
+        let alive = std::fs::read_to_string(format!("/proc/{s}/stat")).is_ok_and(|st| !st.contains(") Z "));
+        assert!(!alive, "server {s} outlived its runner");
+    }
+}
+
+fn children_of(pid: u32) -> Vec<u32> {
+    let mut out = Vec::new();
+    for e in std::fs::read_dir("/proc").unwrap().flatten() {
+        let Ok(p) = e.file_name().to_string_lossy().parse::<u32>() else { continue };
+        if let Ok(st) = std::fs::read_to_string(format!("/proc/{p}/stat")) {
+            if let Some(rest) = st.rsplit_once(')').map(|(_, r)| r) {
+                let ppid: u32 = rest.split_whitespace().nth(1).and_then(|x| x.parse().ok()).unwrap_or(0);
+                if ppid == pid {
+                    out.push(p);
+                }
+            }
+        }
+    }
+    out
+}
