@@ -16,7 +16,11 @@ use std::path::PathBuf;
 use std::process::ExitCode;
 
 #[derive(Debug, Parser)]
-#[command(name = "runner", version, about = "Benchmark network transports side by side")]
+#[command(
+    name = "runner",
+    version,
+    about = "Benchmark network transports side by side"
+)]
 #[command(args_conflicts_with_subcommands = true)]
 struct Cli {
     #[command(subcommand)]
@@ -85,7 +89,10 @@ fn start_run(args: run::RunArgs) -> ExitCode {
         Err(e) => return usage(&e),
     };
     transport_core::process::install_cleanup();
-    let runtime = match tokio::runtime::Builder::new_multi_thread().enable_all().build() {
+    let runtime = match tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()
+    {
         Ok(r) => r,
         Err(e) => return finish(Err(e.into())),
     };

@@ -26,7 +26,11 @@ enum Format {
 
 fn columns(workload: &str) -> Vec<Column> {
     use Format::*;
-    let c = |header, metric, format| Column { header, metric, format };
+    let c = |header, metric, format| Column {
+        header,
+        metric,
+        format,
+    };
     match workload {
         "drain" => vec![
             c("orders/s, median (min-max)", "orders_per_second", Count),
@@ -85,7 +89,11 @@ fn render_workload(workload: &str, results: &[&RunResult]) -> String {
                 seen.len() - 1
             }
         };
-        by_transport.entry(i).or_insert((&r.transport, Vec::new())).1.push(r);
+        by_transport
+            .entry(i)
+            .or_insert((&r.transport, Vec::new()))
+            .1
+            .push(r);
     }
     let mut cols = columns(workload);
     if cols.is_empty() {
@@ -98,8 +106,15 @@ fn render_workload(workload: &str, results: &[&RunResult]) -> String {
     for (_, (transport, mut runs)) in by_transport {
         runs.sort_by_key(|r| r.round);
         if let Some(reason) = runs.iter().find_map(|r| r.skipped.as_deref()) {
-            let mut row = vec![transport.to_string(), "-".into(), format!("does not apply: {reason}")];
-            row.extend(std::iter::repeat_n(String::new(), cols.len().saturating_sub(1)));
+            let mut row = vec![
+                transport.to_string(),
+                "-".into(),
+                format!("does not apply: {reason}"),
+            ];
+            row.extend(std::iter::repeat_n(
+                String::new(),
+                cols.len().saturating_sub(1),
+            ));
             b.push_record(row);
             continue;
         }
@@ -130,7 +145,11 @@ fn generic_columns(results: &[&RunResult]) -> Vec<Column> {
         .into_iter()
         .map(|n| {
             let n: &'static str = Box::leak(n.into_boxed_str());
-            Column { header: n, metric: n, format: Format::Decimal }
+            Column {
+                header: n,
+                metric: n,
+                format: Format::Decimal,
+            }
         })
         .collect()
 }
@@ -143,11 +162,17 @@ pub fn median(values: &[f64]) -> Option<f64> {
     let mut v = values.to_vec();
     v.sort_by(|a, b| a.total_cmp(b));
     let n = v.len();
-    Some(if n % 2 == 1 { v[n / 2] } else { (v[n / 2 - 1] + v[n / 2]) / 2.0 })
+    Some(if n % 2 == 1 {
+        v[n / 2]
+    } else {
+        (v[n / 2 - 1] + v[n / 2]) / 2.0
+    })
 }
 
 fn cell(values: &[f64], format: Format) -> String {
-    let Some(med) = median(values) else { return "-".into() };
+    let Some(med) = median(values) else {
+        return "-".into();
+    };
     let min = values.iter().copied().fold(f64::INFINITY, f64::min);
     let max = values.iter().copied().fold(f64::NEG_INFINITY, f64::max);
     match format {
@@ -155,9 +180,15 @@ fn cell(values: &[f64], format: Format) -> String {
             format!("{} ({}-{})", thousands(med), thousands(min), thousands(max))
         }
         Format::Count => thousands(med),
-        Format::Decimal if values.len() > 1 && min != max => format!("{med:.2} ({min:.2}-{max:.2})"),
+        Format::Decimal if values.len() > 1 && min != max => {
+            format!("{med:.2} ({min:.2}-{max:.2})")
+        }
         Format::Decimal => format!("{med:.2}"),
-        Format::Rounds => values.iter().map(|v| thousands(*v)).collect::<Vec<_>>().join(" · "),
+        Format::Rounds => values
+            .iter()
+            .map(|v| thousands(*v))
+            .collect::<Vec<_>>()
+            .join(" · "),
         Format::Sum => thousands(values.iter().sum()),
     }
 }

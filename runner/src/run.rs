@@ -12,7 +12,11 @@ use workloads::{Harness, Profile};
 #[derive(Debug, Args)]
 pub struct RunArgs {
     /// Transports to compare, comma-separated (see `runner list`).
-    #[arg(long, value_name = "LIST", default_value = "pure:plain,pure:hpke-session,pure:hpke-per-request")]
+    #[arg(
+        long,
+        value_name = "LIST",
+        default_value = "pure:plain,pure:hpke-session,pure:hpke-per-request"
+    )]
     pub transport: String,
     /// Workloads to run, comma-separated.
     #[arg(long, value_name = "LIST", default_value = "drain")]
@@ -42,7 +46,11 @@ pub struct RunArgs {
 
 /// Parse the workload list; the first unknown one is the error.
 pub fn parse_workloads(list: &str) -> Result<Vec<WorkloadKind>, String> {
-    let ws: Vec<&str> = list.split(',').map(str::trim).filter(|s| !s.is_empty()).collect();
+    let ws: Vec<&str> = list
+        .split(',')
+        .map(str::trim)
+        .filter(|s| !s.is_empty())
+        .collect();
     if ws.is_empty() {
         return Err("no workload given".into());
     }
@@ -52,7 +60,10 @@ pub fn parse_workloads(list: &str) -> Result<Vec<WorkloadKind>, String> {
             if implemented(kind) {
                 Ok(kind)
             } else {
-                Err(format!("workload `{w}` is not implemented yet (implemented: {})", implemented_names()))
+                Err(format!(
+                    "workload `{w}` is not implemented yet (implemented: {})",
+                    implemented_names()
+                ))
             }
         })
         .collect()
@@ -63,7 +74,12 @@ fn implemented(kind: WorkloadKind) -> bool {
 }
 
 fn implemented_names() -> String {
-    WorkloadKind::ALL.iter().filter(|k| implemented(**k)).map(|k| k.name()).collect::<Vec<_>>().join(", ")
+    WorkloadKind::ALL
+        .iter()
+        .filter(|k| implemented(**k))
+        .map(|k| k.name())
+        .collect::<Vec<_>>()
+        .join(", ")
 }
 
 /// The transports of round `round`, rotated so that none always goes first.
@@ -78,11 +94,18 @@ pub struct Plan {
 }
 
 /// Build the plan; an override that fits none of the chosen workloads is an error.
-pub fn plan(profile: Profile, kinds: &[WorkloadKind], overrides: &[String]) -> Result<Plan, String> {
+pub fn plan(
+    profile: Profile,
+    kinds: &[WorkloadKind],
+    overrides: &[String],
+) -> Result<Plan, String> {
     use workloads::harness::override_params;
     let drain = workloads::drain::DrainParams::for_profile(profile);
     let restart = workloads::restart::RestartParams::for_profile(profile);
-    let mut plan = Plan { drain: drain.clone(), restart: restart.clone() };
+    let mut plan = Plan {
+        drain: drain.clone(),
+        restart: restart.clone(),
+    };
     for o in overrides {
         let one = std::slice::from_ref(o);
         let mut used = false;
@@ -90,7 +113,9 @@ pub fn plan(profile: Profile, kinds: &[WorkloadKind], overrides: &[String]) -> R
         for kind in kinds {
             let r = match kind {
                 WorkloadKind::Drain => override_params(&plan.drain, one).map(|p| plan.drain = p),
-                WorkloadKind::Restart => override_params(&plan.restart, one).map(|p| plan.restart = p),
+                WorkloadKind::Restart => {
+                    override_params(&plan.restart, one).map(|p| plan.restart = p)
+                }
                 _ => Err(String::new()),
             };
             match r {
@@ -99,7 +124,11 @@ pub fn plan(profile: Profile, kinds: &[WorkloadKind], overrides: &[String]) -> R
             }
         }
         if !used {
-            return Err(if last_err.is_empty() { format!("parameter `{o}` fits no chosen workload") } else { last_err });
+            return Err(if last_err.is_empty() {
+                format!("parameter `{o}` fits no chosen workload")
+            } else {
+                last_err
+            });
         }
     }
     Ok(plan)
@@ -119,7 +148,10 @@ pub async fn run(
     }
     let provenance = crate::provenance::collect(args.profile.name());
     let out = args.out.clone().unwrap_or_else(|| {
-        PathBuf::from("results").join(format!("{}.jsonl", provenance.date.replace(':', "").replace('-', "")))
+        PathBuf::from("results").join(format!(
+            "{}.jsonl",
+            provenance.date.replace(':', "").replace('-', "")
+        ))
     });
     let temp;
     let work_dir = match &args.work_dir {
@@ -149,12 +181,18 @@ pub async fn run(
                 let t = transports[i].as_ref();
                 let r = match t.supports(*kind) {
                     Support::No(reason) => {
-                        let mut r = harness.result(kind.name(), t.spec(), round, &serde_json::json!({}));
+                        let mut r =
+                            harness.result(kind.name(), t.spec(), round, &serde_json::json!({}));
                         r.skipped = Some(reason.to_string());
                         r
                     }
                     Support::Yes => {
-                        eprintln!("{kind} · {} · round {}/{}", t.spec(), round + 1, args.rounds);
+                        eprintln!(
+                            "{kind} · {} · round {}/{}",
+                            t.spec(),
+                            round + 1,
+                            args.rounds
+                        );
                         match run_one(&harness, &plan, *kind, t, round).await {
                             Ok(r) => r,
                             Err(e) => {
@@ -168,7 +206,8 @@ pub async fn run(
                 if r.skipped.is_none() {
                     eprintln!("  {}", summary(&r));
                 }
-                result::append(&out, std::slice::from_ref(&r)).with_context(|| format!("writing {}", out.display()))?;
+                result::append(&out, std::slice::from_ref(&r))
+                    .with_context(|| format!("writing {}", out.display()))?;
                 results.push(r);
             }
         }
@@ -181,7 +220,13 @@ pub async fn run(
     Ok(())
 }
 
-async fn run_one(h: &Harness, plan: &Plan, kind: WorkloadKind, t: &dyn Transport, round: u32) -> Result<RunResult> {
+async fn run_one(
+    h: &Harness,
+    plan: &Plan,
+    kind: WorkloadKind,
+    t: &dyn Transport,
+    round: u32,
+) -> Result<RunResult> {
     Ok(match kind {
         WorkloadKind::Drain => workloads::drain::run(h, t, round, &plan.drain).await?,
         WorkloadKind::Restart => workloads::restart::run(h, t, round, &plan.restart).await?,
@@ -203,7 +248,18 @@ fn summary(r: &RunResult) -> String {
         "server_cpu_s",
     ];
     keys.iter()
-        .filter_map(|k| r.metric(k).map(|v| format!("{k}={}", if v.fract() == 0.0 { format!("{v}") } else { format!("{v:.2}") })))
+        .filter_map(|k| {
+            r.metric(k).map(|v| {
+                format!(
+                    "{k}={}",
+                    if v.fract() == 0.0 {
+                        format!("{v}")
+                    } else {
+                        format!("{v:.2}")
+                    }
+                )
+            })
+        })
         .collect::<Vec<_>>()
         .join(" ")
 }

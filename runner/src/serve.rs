@@ -48,19 +48,27 @@ pub fn run(args: ServeArgs) -> Result<()> {
     if args.server_threads == 0 {
         bail!("--server-threads must be at least 1");
     }
-    let (store, recovery) =
-        Store::open(&args.store, args.sync).with_context(|| format!("opening the store {}", args.store.display()))?;
+    let (store, recovery) = Store::open(&args.store, args.sync)
+        .with_context(|| format!("opening the store {}", args.store.display()))?;
     if recovery.truncated_bytes > 0 {
-        eprintln!("store: cut a torn tail of {} bytes after {} records", recovery.truncated_bytes, recovery.records);
+        eprintln!(
+            "store: cut a torn tail of {} bytes after {} records",
+            recovery.truncated_bytes, recovery.records
+        );
     }
     let mut senders = args.senders.clone();
     if let Some(f) = &args.senders_file {
         senders.push(format!("@{}", f.display()));
     }
     let runtime = if args.server_threads == 1 {
-        tokio::runtime::Builder::new_current_thread().enable_all().build()?
+        tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()?
     } else {
-        tokio::runtime::Builder::new_multi_thread().worker_threads(args.server_threads).enable_all().build()?
+        tokio::runtime::Builder::new_multi_thread()
+            .worker_threads(args.server_threads)
+            .enable_all()
+            .build()?
     };
     runtime.block_on(async move {
         let store = StoreHandle::spawn(store);

@@ -19,8 +19,16 @@ fn harness(dir: &std::path::Path) -> Harness {
 }
 
 fn order(device: u32, run: u64, seq: u64) -> Order {
-    let id = OrderId { sender: sender_id(&device_name(device)), run, seq };
-    Order { id, made_us: seq, payload: harness::payload(&id, 64) }
+    let id = OrderId {
+        sender: sender_id(&device_name(device)),
+        run,
+        seq,
+    };
+    Order {
+        id,
+        made_us: seq,
+        payload: harness::payload(&id, 64),
+    }
 }
 
 async fn wait_stored(
@@ -47,7 +55,10 @@ async fn a_server_killed_mid_drain_loses_no_acknowledged_order_and_applies_none_
         let t = transport_pure::transport(spec).unwrap();
         let dirs = h.dirs("kill", spec, 0).unwrap();
         t.prepare(&dirs.identity, 4).unwrap();
-        let mut server = h.start_server(spec, harness::any_loopback(), &dirs).await.unwrap();
+        let mut server = h
+            .start_server(spec, harness::any_loopback(), &dirs)
+            .await
+            .unwrap();
         let addr = server.ready().addr;
         let mut f = h.fleet(t.as_ref(), addr, &dirs, 4).await.unwrap();
         let mut made = Vec::new();
@@ -61,17 +72,32 @@ async fn a_server_killed_mid_drain_loses_no_acknowledged_order_and_applies_none_
         server.kill().await.unwrap();
         let acked_before_kill = acked.clone();
         // The log holds every order answered before the kill.
-        let audit = transport_core::store::audit(&dirs.store, &acked_before_kill, &acked_before_kill).unwrap();
-        assert_eq!(audit.acked_not_applied, 0, "{spec}: an answered order is durable");
+        let audit =
+            transport_core::store::audit(&dirs.store, &acked_before_kill, &acked_before_kill)
+                .unwrap();
+        assert_eq!(
+            audit.acked_not_applied, 0,
+            "{spec}: an answered order is durable"
+        );
         let mut server = h.start_server(spec, addr, &dirs).await.unwrap();
-        wait_stored(&mut f.events, &mut acked, made.len(), Duration::from_secs(60)).await;
+        wait_stored(
+            &mut f.events,
+            &mut acked,
+            made.len(),
+            Duration::from_secs(60),
+        )
+        .await;
         f.fleet.close().await;
         server.shutdown().await.unwrap();
         let audit = transport_core::store::audit(&dirs.store, &made, &acked).unwrap();
         assert!(audit.is_clean(), "{spec}: {audit:?}");
         assert_eq!(audit.applied, 3000, "{spec}");
         let distinct: std::collections::HashSet<_> = acked.iter().collect();
-        assert_eq!(distinct.len(), acked.len(), "{spec}: each order answered once to the workload");
+        assert_eq!(
+            distinct.len(),
+            acked.len(),
+            "{spec}: each order answered once to the workload"
+        );
     }
 }
 
@@ -96,7 +122,10 @@ async fn garbage_and_forged_records_are_refused_and_counted_while_the_run_goes_o
     let t = transport_pure::transport(spec).unwrap();
     let dirs: RunDirs = h.dirs("refuse", spec, 0).unwrap();
     t.prepare(&dirs.identity, 2).unwrap();
-    let mut server = h.start_server(spec, harness::any_loopback(), &dirs).await.unwrap();
+    let mut server = h
+        .start_server(spec, harness::any_loopback(), &dirs)
+        .await
+        .unwrap();
     let addr = server.ready().addr;
     let mut f = h.fleet(t.as_ref(), addr, &dirs, 2).await.unwrap();
 
@@ -108,7 +137,13 @@ async fn garbage_and_forged_records_are_refused_and_counted_while_the_run_goes_o
     let impostor = NodeKey::generate(&mut rng);
     let own = impostor.key_id();
     let counters = Arc::new(transport_core::Counters::default());
-    let mut s = Sender::new(SenderConfig::new(Kind::Link), impostor, node_public, rng, counters);
+    let mut s = Sender::new(
+        SenderConfig::new(Kind::Link),
+        impostor,
+        node_public,
+        rng,
+        counters,
+    );
     for seq in 0..5 {
         s.push(Instant::now(), order(0, 99, seq));
     }
@@ -137,14 +172,18 @@ async fn garbage_and_forged_records_are_refused_and_counted_while_the_run_goes_o
     }
     wait_stored(&mut f.events, &mut acked, 400, Duration::from_secs(30)).await;
     let stats = server.stats().await.unwrap();
-    let c: transport_core::CounterSnapshot = serde_json::from_value(stats["counters"].clone()).unwrap();
+    let c: transport_core::CounterSnapshot =
+        serde_json::from_value(stats["counters"].clone()).unwrap();
     assert!(c.refused_malformed >= 49, "{c:?}");
     assert_eq!(c.refused_unknown, 5, "{c:?}");
     assert_eq!(c.refused_forged, 5, "{c:?}");
     f.fleet.close().await;
     server.shutdown().await.unwrap();
     let audit = transport_core::store::audit(&dirs.store, &made, &acked).unwrap();
-    assert!(audit.is_clean(), "nothing from the impostor was applied: {audit:?}");
+    assert!(
+        audit.is_clean(),
+        "nothing from the impostor was applied: {audit:?}"
+    );
     assert_eq!(audit.applied, 400);
 }
 
@@ -153,24 +192,60 @@ fn the_runner_prints_the_drain_table_and_writes_results() {
     let dir = tempfile::tempdir().unwrap();
     let out = dir.path().join("r.jsonl");
     let o = std::process::Command::new(env!("CARGO_BIN_EXE_runner"))
-        .args(["--transport", "pure:plain,pure:hpke-session,pure:hpke-per-request,pure", "--workload", "drain"])
-        .args(["--rounds", "2", "--param", "orders=600", "--param", "pile_up_ms=50", "--out"])
+        .args([
+            "--transport",
+            "pure:plain,pure:hpke-session,pure:hpke-per-request,pure",
+            "--workload",
+            "drain",
+        ])
+        .args([
+            "--rounds",
+            "2",
+            "--param",
+            "orders=600",
+            "--param",
+            "pile_up_ms=50",
+            "--out",
+        ])
         .arg(&out)
         .output()
         .unwrap();
     let stdout = String::from_utf8_lossy(&o.stdout);
     assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
-    assert!(stdout.contains("### drain") && stdout.contains("pure:hpke-per-request"), "{stdout}");
+    assert!(
+        stdout.contains("### drain") && stdout.contains("pure:hpke-per-request"),
+        "{stdout}"
+    );
     let results = workloads::result::read(&out).unwrap();
     assert_eq!(results.len(), 8);
     for r in &results {
-        for key in ["orders", "orders_per_second", "applied", "lost", "duplicates", "server_cpu_s"] {
-            assert!(r.metrics.contains_key(key), "{key} in {:?}", r.metrics.keys());
+        for key in [
+            "orders",
+            "orders_per_second",
+            "applied",
+            "lost",
+            "duplicates",
+            "server_cpu_s",
+        ] {
+            assert!(
+                r.metrics.contains_key(key),
+                "{key} in {:?}",
+                r.metrics.keys()
+            );
         }
         assert_eq!(r.metric("lost"), Some(0.0));
         assert_eq!(r.metric("duplicates"), Some(0.0));
-        assert_eq!(r.metric("applied"), Some(608.0), "600 orders and one warm-up per client");
-        assert!(workloads::hist::decode(&r.histograms["continue_to_stored"]).unwrap().len() >= 600);
+        assert_eq!(
+            r.metric("applied"),
+            Some(608.0),
+            "600 orders and one warm-up per client"
+        );
+        assert!(
+            workloads::hist::decode(&r.histograms["continue_to_stored"])
+                .unwrap()
+                .len()
+                >= 600
+        );
         assert!(!r.provenance.rustc.is_empty() && r.provenance.cores > 0);
     }
     // Rounds rotate the order of the transports.
@@ -182,8 +257,23 @@ fn the_restart_workload_reports_the_memo_and_no_memo_shape() {
     let dir = tempfile::tempdir().unwrap();
     let out = dir.path().join("r.jsonl");
     let o = std::process::Command::new(env!("CARGO_BIN_EXE_runner"))
-        .args(["--transport", "pure,pure:no-memo", "--workload", "restart", "--rounds", "1"])
-        .args(["--param", "devices=50", "--param", "kill_at_s=1.5", "--param", "duration_s=3", "--out"])
+        .args([
+            "--transport",
+            "pure,pure:no-memo",
+            "--workload",
+            "restart",
+            "--rounds",
+            "1",
+        ])
+        .args([
+            "--param",
+            "devices=50",
+            "--param",
+            "kill_at_s=1.5",
+            "--param",
+            "duration_s=3",
+            "--out",
+        ])
         .arg(&out)
         .output()
         .unwrap();
@@ -198,7 +288,9 @@ fn the_restart_workload_reports_the_memo_and_no_memo_shape() {
             "pure" => assert_eq!(asym, 0.0, "the memo spares every X25519 after a restart"),
             _ => assert_eq!(asym, 50.0, "one X25519 per returning device"),
         }
-        assert!(r.metrics["timeline"].as_array().is_some_and(|t| !t.is_empty()));
+        assert!(r.metrics["timeline"]
+            .as_array()
+            .is_some_and(|t| !t.is_empty()));
     }
 }
 
@@ -206,8 +298,23 @@ fn the_restart_workload_reports_the_memo_and_no_memo_shape() {
 fn interrupting_the_runner_leaves_no_server_behind() {
     let dir = tempfile::tempdir().unwrap();
     let mut child = std::process::Command::new(env!("CARGO_BIN_EXE_runner"))
-        .args(["--transport", "pure", "--workload", "restart", "--rounds", "1", "--param", "devices=20"])
-        .args(["--param", "duration_s=30", "--param", "kill_at_s=20", "--out"])
+        .args([
+            "--transport",
+            "pure",
+            "--workload",
+            "restart",
+            "--rounds",
+            "1",
+            "--param",
+            "devices=20",
+        ])
+        .args([
+            "--param",
+            "duration_s=30",
+            "--param",
+            "kill_at_s=20",
+            "--out",
+        ])
         .arg(dir.path().join("r.jsonl"))
         .stderr(std::process::Stdio::null())
         .spawn()
@@ -227,7 +334,8 @@ fn interrupting_the_runner_leaves_no_server_behind() {
     assert_eq!(status.code(), Some(130));
     std::thread::sleep(Duration::from_millis(300));
     for s in servers {
-        let alive = std::fs::read_to_string(format!("/proc/{s}/stat")).is_ok_and(|st| !st.contains(") Z "));
+        let alive =
+            std::fs::read_to_string(format!("/proc/{s}/stat")).is_ok_and(|st| !st.contains(") Z "));
         assert!(!alive, "server {s} outlived its runner");
     }
 }
@@ -235,10 +343,16 @@ fn interrupting_the_runner_leaves_no_server_behind() {
 fn children_of(pid: u32) -> Vec<u32> {
     let mut out = Vec::new();
     for e in std::fs::read_dir("/proc").unwrap().flatten() {
-        let Ok(p) = e.file_name().to_string_lossy().parse::<u32>() else { continue };
+        let Ok(p) = e.file_name().to_string_lossy().parse::<u32>() else {
+            continue;
+        };
         if let Ok(st) = std::fs::read_to_string(format!("/proc/{p}/stat")) {
             if let Some(rest) = st.rsplit_once(')').map(|(_, r)| r) {
-                let ppid: u32 = rest.split_whitespace().nth(1).and_then(|x| x.parse().ok()).unwrap_or(0);
+                let ppid: u32 = rest
+                    .split_whitespace()
+                    .nth(1)
+                    .and_then(|x| x.parse().ok())
+                    .unwrap_or(0);
                 if ppid == pid {
                     out.push(p);
                 }

@@ -37,12 +37,20 @@ impl DrainParams {
     /// The seed's parameters (seed 088: 20,000 orders from eight clients) or a CI-sized run.
     pub fn for_profile(profile: harness::Profile) -> DrainParams {
         match profile {
-            harness::Profile::Seed => {
-                DrainParams { orders: 20_000, clients: 8, payload_bytes: 64, pile_up_ms: 500, timeout_s: 120 }
-            }
-            harness::Profile::Quick => {
-                DrainParams { orders: 10_000, clients: 8, payload_bytes: 64, pile_up_ms: 300, timeout_s: 60 }
-            }
+            harness::Profile::Seed => DrainParams {
+                orders: 20_000,
+                clients: 8,
+                payload_bytes: 64,
+                pile_up_ms: 500,
+                timeout_s: 120,
+            },
+            harness::Profile::Quick => DrainParams {
+                orders: 10_000,
+                clients: 8,
+                payload_bytes: 64,
+                pile_up_ms: 300,
+                timeout_s: 60,
+            },
         }
     }
 }
@@ -58,16 +66,27 @@ pub async fn run(
     let dirs = h.dirs("drain", spec, round)?;
     transport.prepare(&dirs.identity, params.clients)?;
     let mut server = h.start_server(spec, any_loopback(), &dirs).await?;
-    let mut f = h.fleet(transport, server.ready().addr, &dirs, params.clients).await?;
+    let mut f = h
+        .fleet(transport, server.ready().addr, &dirs, params.clients)
+        .await?;
     for d in 0..params.clients {
         f.fleet.connect(d).await?;
     }
     let runs: Vec<u64> = (0..params.clients).map(|_| harness::new_run()).collect();
-    let mut made: Vec<OrderId> = Vec::with_capacity(params.orders as usize + params.clients as usize);
+    let mut made: Vec<OrderId> =
+        Vec::with_capacity(params.orders as usize + params.clients as usize);
     let mut acked: Vec<OrderId> = Vec::with_capacity(made.capacity());
     let order = |d: u32, seq: u64| {
-        let id = OrderId { sender: transport_core::sender_id(&transport_core::device_name(d)), run: runs[d as usize], seq };
-        Order { id, made_us: harness::unix_us(), payload: harness::payload(&id, params.payload_bytes as usize) }
+        let id = OrderId {
+            sender: transport_core::sender_id(&transport_core::device_name(d)),
+            run: runs[d as usize],
+            seq,
+        };
+        Order {
+            id,
+            made_us: harness::unix_us(),
+            payload: harness::payload(&id, params.payload_bytes as usize),
+        }
     };
 
     // Warm-up: one answered order per device.
@@ -81,17 +100,25 @@ pub async fn run(
         match tokio::time::timeout_at(warm_deadline.into(), f.events.recv()).await {
             Ok(Some(LinkEvent::Stored { id, .. })) => acked.push(id),
             Ok(Some(_)) => {}
-            _ => return Err(WorkloadError::Timeout("warm-up orders were not answered".into())),
+            _ => {
+                return Err(WorkloadError::Timeout(
+                    "warm-up orders were not answered".into(),
+                ))
+            }
         }
     }
 
     let before = server_counters(&mut server).await;
     let client_before = f.counters.snapshot();
     server.stop()?;
-    h.say(&format!("drain {spec} round {round}: server stopped, making {} orders", params.orders));
+    h.say(&format!(
+        "drain {spec} round {round}: server stopped, making {} orders",
+        params.orders
+    ));
 
     // The client tasks make their orders while the server is stopped.
-    let share = |d: u32| params.orders / params.clients + u32::from(d < params.orders % params.clients);
+    let share =
+        |d: u32| params.orders / params.clients + u32::from(d < params.orders % params.clients);
     let mut tasks = Vec::new();
     for d in 0..params.clients {
         let fleet = f.fleet.clone();
@@ -144,7 +171,15 @@ pub async fn run(
     let mut r = h.result("drain", spec, round, params);
     let m = &mut r.metrics;
     m.insert("orders".into(), params.orders.into());
-    m.insert("orders_per_second".into(), if drain_s > 0.0 { drained / drain_s } else { 0.0 }.into());
+    m.insert(
+        "orders_per_second".into(),
+        if drain_s > 0.0 {
+            drained / drain_s
+        } else {
+            0.0
+        }
+        .into(),
+    );
     m.insert("drain_s".into(), drain_s.into());
     m.insert("applied".into(), audit.applied.into());
     m.insert("lost".into(), audit.lost.into());
@@ -156,7 +191,8 @@ pub async fn run(
     m.insert("client_cpu_s".into(), (self1 - self0).as_secs_f64().into());
     put_counters(&mut r, "server_", &after.since(&before));
     put_counters(&mut r, "client_", &client);
-    r.histograms.insert("continue_to_stored".into(), hist::encode(&histogram));
+    r.histograms
+        .insert("continue_to_stored".into(), hist::encode(&histogram));
     harness::clean(&dirs, false);
     Ok(r)
 }

@@ -175,9 +175,17 @@ mod tests {
 
     #[test]
     fn config_refuses_unknown_fields_and_large_delays() {
-        assert!(serde_json::from_str::<LinkConfig>(r#"{"one_way_delay_us":1,"jitter_us":5}"#).is_err());
+        assert!(
+            serde_json::from_str::<LinkConfig>(r#"{"one_way_delay_us":1,"jitter_us":5}"#).is_err()
+        );
         let config = LinkConfig::with_delay(Duration::from_secs(61));
-        assert!(matches!(config.validate(), Err(LinkConfigError::DelayTooLarge { .. })));
-        assert_eq!(LinkConfig::with_rtt(Duration::from_millis(10)).one_way_delay, Duration::from_millis(5));
+        assert!(matches!(
+            config.validate(),
+            Err(LinkConfigError::DelayTooLarge { .. })
+        ));
+        assert_eq!(
+            LinkConfig::with_rtt(Duration::from_millis(10)).one_way_delay,
+            Duration::from_millis(5)
+        );
     }
 }

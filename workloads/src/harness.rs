@@ -10,7 +10,9 @@ use std::sync::Arc;
 use std::time::Duration;
 use tokio::sync::mpsc;
 use transport_core::process::{ProcessError, ServerProcess};
-use transport_core::{CounterSnapshot, Counters, Fleet, FleetConfig, LinkEvent, SyncPolicy, Transport};
+use transport_core::{
+    CounterSnapshot, Counters, Fleet, FleetConfig, LinkEvent, SyncPolicy, Transport,
+};
 
 /// Errors a workload returns.
 #[derive(Debug, thiserror::Error)]
@@ -99,17 +101,28 @@ impl Harness {
 
     /// Fresh directories for one run, named after it.
     pub fn dirs(&self, workload: &str, spec: &str, round: u32) -> Result<RunDirs, WorkloadError> {
-        let base = self.work_dir.join(format!("{workload}-{}-r{round}", spec.replace([':', '@', '/'], "_")));
+        let base = self.work_dir.join(format!(
+            "{workload}-{}-r{round}",
+            spec.replace([':', '@', '/'], "_")
+        ));
         if base.exists() {
             std::fs::remove_dir_all(&base)?;
         }
-        let dirs = RunDirs { identity: base.join("identity"), store: base.join("store") };
+        let dirs = RunDirs {
+            identity: base.join("identity"),
+            store: base.join("store"),
+        };
         std::fs::create_dir_all(&dirs.identity)?;
         Ok(dirs)
     }
 
     /// The command that serves `spec` (a restart passes the port the first start got).
-    pub fn server_command(&self, spec: &str, listen: SocketAddr, dirs: &RunDirs) -> tokio::process::Command {
+    pub fn server_command(
+        &self,
+        spec: &str,
+        listen: SocketAddr,
+        dirs: &RunDirs,
+    ) -> tokio::process::Command {
         let mut cmd = tokio::process::Command::new(&self.runner);
         cmd.arg("serve")
             .arg("--transport")
@@ -134,7 +147,11 @@ impl Harness {
         listen: SocketAddr,
         dirs: &RunDirs,
     ) -> Result<ServerProcess, WorkloadError> {
-        Ok(ServerProcess::start(self.server_command(spec, listen, dirs), Duration::from_secs(30)).await?)
+        Ok(ServerProcess::start(
+            self.server_command(spec, listen, dirs),
+            Duration::from_secs(30),
+        )
+        .await?)
     }
 
     /// Create the devices' links, reporting into a new channel.
@@ -156,11 +173,21 @@ impl Harness {
                 counters: counters.clone(),
             })
             .await?;
-        Ok(FleetHandle { fleet: Arc::from(fleet), events: rx, counters })
+        Ok(FleetHandle {
+            fleet: Arc::from(fleet),
+            events: rx,
+            counters,
+        })
     }
 
     /// A result with the contract's fixed fields filled in.
-    pub fn result(&self, workload: &str, spec: &str, round: u32, params: &impl Serialize) -> RunResult {
+    pub fn result(
+        &self,
+        workload: &str,
+        spec: &str,
+        round: u32,
+        params: &impl Serialize,
+    ) -> RunResult {
         RunResult {
             schema: SCHEMA,
             workload: workload.to_string(),
@@ -188,7 +215,10 @@ pub struct FleetHandle {
 /// The server's counters as its control line reports them (zero if the server could not answer).
 pub async fn server_counters(server: &mut ServerProcess) -> CounterSnapshot {
     match server.stats().await {
-        Ok(v) => v.get("counters").and_then(|c| serde_json::from_value(c.clone()).ok()).unwrap_or_default(),
+        Ok(v) => v
+            .get("counters")
+            .and_then(|c| serde_json::from_value(c.clone()).ok())
+            .unwrap_or_default(),
         Err(_) => CounterSnapshot::default(),
     }
 }
@@ -196,9 +226,13 @@ pub async fn server_counters(server: &mut ServerProcess) -> CounterSnapshot {
 /// Put every counter into a result's metrics under a prefix (`server_`, `client_`).
 pub fn put_counters(result: &mut RunResult, prefix: &str, c: &CounterSnapshot) {
     for (name, value) in c.entries() {
-        result.metrics.insert(format!("{prefix}{name}"), value.into());
+        result
+            .metrics
+            .insert(format!("{prefix}{name}"), value.into());
     }
-    result.metrics.insert(format!("{prefix}asym_ops"), c.asym_ops().into());
+    result
+        .metrics
+        .insert(format!("{prefix}asym_ops"), c.asym_ops().into());
 }
 
 /// Remove a run's directories unless the user asked to keep them.
@@ -219,7 +253,10 @@ pub fn payload(id: &transport_core::OrderId, len: usize) -> Vec<u8> {
 
 /// Microseconds since the Unix epoch.
 pub fn unix_us() -> u64 {
-    std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map(|d| d.as_micros() as u64).unwrap_or(0)
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map(|d| d.as_micros() as u64)
+        .unwrap_or(0)
 }
 
 /// A random nonzero run number for a device.
@@ -244,14 +281,22 @@ where
     P: Serialize + serde::de::DeserializeOwned,
 {
     let mut value = serde_json::to_value(params).map_err(|e| e.to_string())?;
-    let obj = value.as_object_mut().ok_or("parameters are not an object")?;
+    let obj = value
+        .as_object_mut()
+        .ok_or("parameters are not an object")?;
     for o in overrides {
-        let (k, v) = o.split_once('=').ok_or_else(|| format!("`{o}`: expected KEY=VALUE"))?;
+        let (k, v) = o
+            .split_once('=')
+            .ok_or_else(|| format!("`{o}`: expected KEY=VALUE"))?;
         if !obj.contains_key(k) {
             let keys: Vec<&str> = obj.keys().map(String::as_str).collect();
-            return Err(format!("unknown parameter `{k}` (choose from: {})", keys.join(", ")));
+            return Err(format!(
+                "unknown parameter `{k}` (choose from: {})",
+                keys.join(", ")
+            ));
         }
-        let parsed = serde_json::from_str(v).unwrap_or_else(|_| serde_json::Value::String(v.to_string()));
+        let parsed =
+            serde_json::from_str(v).unwrap_or_else(|_| serde_json::Value::String(v.to_string()));
         obj.insert(k.to_string(), parsed);
     }
     serde_json::from_value(value).map_err(|e| format!("bad parameter value: {e}"))
@@ -265,7 +310,10 @@ mod tests {
     fn overrides_apply_and_unknown_keys_are_named() {
         let p = crate::drain::DrainParams::for_profile(Profile::Quick);
         let q = override_params(&p, &["orders=500".into(), "clients=2".into()]).unwrap();
-        assert_eq!((q.orders, q.clients, q.payload_bytes), (500, 2, p.payload_bytes));
+        assert_eq!(
+            (q.orders, q.clients, q.payload_bytes),
+            (500, 2, p.payload_bytes)
+        );
         let e = override_params(&p, &["nope=1".into()]).unwrap_err();
         assert!(e.contains("nope") && e.contains("orders"), "{e}");
         assert!(override_params(&p, &["orders=many".into()]).is_err());

@@ -22,14 +22,20 @@ pub fn record(h: &mut Histogram<u64>, d: Duration) {
 /// Serialize (V2, base64) for a result.
 pub fn encode(h: &Histogram<u64>) -> String {
     let mut buf = Vec::new();
-    V2Serializer::new().serialize(h, &mut buf).expect("serializing into memory cannot fail");
+    V2Serializer::new()
+        .serialize(h, &mut buf)
+        .expect("serializing into memory cannot fail");
     base64::engine::general_purpose::STANDARD.encode(buf)
 }
 
 /// Read back what [`encode`] wrote.
 pub fn decode(text: &str) -> Result<Histogram<u64>, String> {
-    let bytes = base64::engine::general_purpose::STANDARD.decode(text).map_err(|e| format!("base64: {e}"))?;
-    Deserializer::new().deserialize(&mut &bytes[..]).map_err(|e| format!("histogram: {e:?}"))
+    let bytes = base64::engine::general_purpose::STANDARD
+        .decode(text)
+        .map_err(|e| format!("base64: {e}"))?;
+    Deserializer::new()
+        .deserialize(&mut &bytes[..])
+        .map_err(|e| format!("histogram: {e:?}"))
 }
 
 /// A quantile in milliseconds (0 for an empty histogram).

@@ -12,10 +12,10 @@
 //! - [`emulator`]: a userspace link emulator (delay) for UDP and TCP.
 
 pub mod drain;
-pub mod restart;
 pub mod emulator;
 pub mod harness;
 pub mod hist;
+pub mod restart;
 pub mod result;
 
 pub use harness::{Harness, Profile, WorkloadError};

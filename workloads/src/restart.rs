@@ -81,16 +81,21 @@ pub async fn run(
     let mut server = h.start_server(spec, any_loopback(), &dirs).await?;
     let addr = server.ready().addr;
     let mut f = h.fleet(transport, addr, &dirs, p.devices).await?;
-    h.say(&format!("restart {spec} round {round}: connecting {} devices", p.devices));
+    h.say(&format!(
+        "restart {spec} round {round}: connecting {} devices",
+        p.devices
+    ));
     connect_all(&*f.fleet, p.devices).await?;
 
     let runs: Vec<u64> = (0..p.devices).map(|_| harness::new_run()).collect();
-    let sender_ids: Vec<u64> =
-        (0..p.devices).map(|d| transport_core::sender_id(&transport_core::device_name(d))).collect();
+    let sender_ids: Vec<u64> = (0..p.devices)
+        .map(|d| transport_core::sender_id(&transport_core::device_name(d)))
+        .collect();
     let period = Duration::from_millis(p.period_ms);
     let total = (p.duration_s * 1000.0 / p.period_ms as f64 * p.devices as f64).round() as u64;
     let kill_at = Duration::from_secs_f64(p.kill_at_s);
-    let slot = |i: u64| Duration::from_nanos((i as u128 * period.as_nanos() / p.devices as u128) as u64);
+    let slot =
+        |i: u64| Duration::from_nanos((i as u128 * period.as_nanos() / p.devices as u128) as u64);
 
     let sampler = sample::Sampler::start(server.pid(), BIN);
     let start = Instant::now();
@@ -108,11 +113,15 @@ pub async fn run(
     let mut tick = tokio::time::interval(Duration::from_millis(1));
     tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Skip);
 
-    let record = |id: OrderId, device: u32, at: Instant, latency: &mut hdrhistogram::Histogram<u64>| {
-        let position = id.seq * p.devices as u64 + device as u64;
-        hist::record(latency, at.saturating_duration_since(start + slot(position)));
-        (position, at)
-    };
+    let record =
+        |id: OrderId, device: u32, at: Instant, latency: &mut hdrhistogram::Histogram<u64>| {
+            let position = id.seq * p.devices as u64 + device as u64;
+            hist::record(
+                latency,
+                at.saturating_duration_since(start + slot(position)),
+            );
+            (position, at)
+        };
 
     // Make orders on schedule, kill and restart the server, and collect answers.
     while next < total {
@@ -130,9 +139,20 @@ pub async fn run(
         while next < total && slot(next) <= elapsed {
             let d = (next % p.devices as u64) as u32;
             let seq = next / p.devices as u64;
-            let id = OrderId { sender: sender_ids[d as usize], run: runs[d as usize], seq };
+            let id = OrderId {
+                sender: sender_ids[d as usize],
+                run: runs[d as usize],
+                seq,
+            };
             let made_us = start_us + slot(next).as_micros() as u64;
-            f.fleet.send(d, Order { id, made_us, payload: harness::payload(&id, p.payload_bytes as usize) });
+            f.fleet.send(
+                d,
+                Order {
+                    id,
+                    made_us,
+                    payload: harness::payload(&id, p.payload_bytes as usize),
+                },
+            );
             made.push(id);
             next += 1;
         }
@@ -143,7 +163,10 @@ pub async fn run(
             server = h.start_server(spec, addr, &dirs).await?;
             let t_up = Instant::now();
             sampler.set_pid(server.pid());
-            h.say(&format!("restart {spec} round {round}: killed, up again in {:.1} ms", (t_up - t_kill).as_secs_f64() * 1e3));
+            h.say(&format!(
+                "restart {spec} round {round}: killed, up again in {:.1} ms",
+                (t_up - t_kill).as_secs_f64() * 1e3
+            ));
             // Orders made before the server was up again: the schedule positions before the current one.
             killed = Some((t_kill, next));
             up = Some(t_up);
@@ -215,18 +238,32 @@ pub async fn run(
             .count();
         // The backlog is gone when the last order made before the server was up again is answered.
         let made_before_up = killed.map_or(0, |(_, n)| n);
-        let pre: Vec<Instant> = answers.iter().filter(|(pos, _)| *pos < made_before_up).map(|(_, t)| *t).collect();
+        let pre: Vec<Instant> = answers
+            .iter()
+            .filter(|(pos, _)| *pos < made_before_up)
+            .map(|(_, t)| *t)
+            .collect();
         let catch_up = if pre.len() as u64 == made_before_up {
-            pre.iter().max().map_or(0.0, |t| t.saturating_duration_since(t_kill).as_secs_f64())
+            pre.iter()
+                .max()
+                .map_or(0.0, |t| t.saturating_duration_since(t_kill).as_secs_f64())
         } else {
             f64::NAN
         };
         let up_rel = t_up.duration_since(start).as_millis() as u64;
-        let (server_after, client_after) = sample::cpu_between(&samples, up_rel, up_rel + AFTER.as_millis() as u64);
+        let (server_after, client_after) =
+            sample::cpu_between(&samples, up_rel, up_rel + AFTER.as_millis() as u64);
         m.insert("up_ms".into(), up_ms.into());
         m.insert("kill_bin".into(), kill_bin.into());
         m.insert("stall_bins".into(), stall.into());
-        m.insert("catch_up_s".into(), serde_json::json!(if catch_up.is_finite() { Some(catch_up) } else { None }));
+        m.insert(
+            "catch_up_s".into(),
+            serde_json::json!(if catch_up.is_finite() {
+                Some(catch_up)
+            } else {
+                None
+            }),
+        );
         m.insert("server_cpu_s_after".into(), server_after.into());
         m.insert("client_cpu_s_after".into(), client_after.into());
     }
@@ -236,20 +273,37 @@ pub async fn run(
     let client = client_end.since(&client_at_kill);
     m.insert("resent".into(), client.resent.into());
     m.insert("reconnects".into(), client.reconnects.into());
-    m.insert("make_to_stored_p50_ms".into(), hist::quantile_ms(&latency, 0.5).into());
-    m.insert("make_to_stored_p99_ms".into(), hist::quantile_ms(&latency, 0.99).into());
-    m.insert("make_to_stored_max_ms".into(), (latency.max() as f64 / 1e3).into());
+    m.insert(
+        "make_to_stored_p50_ms".into(),
+        hist::quantile_ms(&latency, 0.5).into(),
+    );
+    m.insert(
+        "make_to_stored_p99_ms".into(),
+        hist::quantile_ms(&latency, 0.99).into(),
+    );
+    m.insert(
+        "make_to_stored_max_ms".into(),
+        (latency.max() as f64 / 1e3).into(),
+    );
     m.insert("timeline".into(), serde_json::json!(timeline));
     put_counters(&mut r, "server_after_", &after);
     put_counters(&mut r, "client_", &client_end);
-    r.histograms.insert("make_to_stored".into(), hist::encode(&latency));
+    r.histograms
+        .insert("make_to_stored".into(), hist::encode(&latency));
     harness::clean(&dirs, false);
     Ok(r)
 }
 
 /// Open every device's link, many at a time (a handshake each where the transport has one).
-pub async fn connect_all(fleet: &dyn transport_core::Fleet, devices: u32) -> Result<(), WorkloadError> {
+pub async fn connect_all(
+    fleet: &dyn transport_core::Fleet,
+    devices: u32,
+) -> Result<(), WorkloadError> {
     use futures::stream::{self, StreamExt, TryStreamExt};
-    stream::iter(0..devices).map(|d| fleet.connect(d)).buffer_unordered(256).try_collect::<Vec<_>>().await?;
+    stream::iter(0..devices)
+        .map(|d| fleet.connect(d))
+        .buffer_unordered(256)
+        .try_collect::<Vec<_>>()
+        .await?;
     Ok(())
 }

@@ -88,11 +88,18 @@ pub enum ResultsError {
 
 /// Append results to a JSON Lines file (created with its directory if needed), one object per line, synced.
 pub fn append(path: &Path, results: &[RunResult]) -> Result<(), ResultsError> {
-    let io = |source| ResultsError::Io { path: path.display().to_string(), source };
+    let io = |source| ResultsError::Io {
+        path: path.display().to_string(),
+        source,
+    };
     if let Some(dir) = path.parent().filter(|d| !d.as_os_str().is_empty()) {
         std::fs::create_dir_all(dir).map_err(io)?;
     }
-    let mut f = std::fs::OpenOptions::new().create(true).append(true).open(path).map_err(io)?;
+    let mut f = std::fs::OpenOptions::new()
+        .create(true)
+        .append(true)
+        .open(path)
+        .map_err(io)?;
     let mut buf = Vec::new();
     for r in results {
         serde_json::to_writer(&mut buf, r).expect("results serialize");
@@ -106,18 +113,26 @@ pub fn append(path: &Path, results: &[RunResult]) -> Result<(), ResultsError> {
 /// naming its line.
 pub fn read(path: &Path) -> Result<Vec<RunResult>, ResultsError> {
     let p = path.display().to_string();
-    let f = std::fs::File::open(path).map_err(|source| ResultsError::Io { path: p.clone(), source })?;
+    let f = std::fs::File::open(path).map_err(|source| ResultsError::Io {
+        path: p.clone(),
+        source,
+    })?;
     let mut out = Vec::new();
     for (i, line) in std::io::BufReader::new(f).lines().enumerate() {
-        let line = line.map_err(|source| ResultsError::Io { path: p.clone(), source })?;
+        let line = line.map_err(|source| ResultsError::Io {
+            path: p.clone(),
+            source,
+        })?;
         if line.trim().is_empty() {
             continue;
         }
-        out.push(serde_json::from_str(&line).map_err(|source| ResultsError::Parse {
-            path: p.clone(),
-            line: i + 1,
-            source,
-        })?);
+        out.push(
+            serde_json::from_str(&line).map_err(|source| ResultsError::Parse {
+                path: p.clone(),
+                line: i + 1,
+                source,
+            })?,
+        );
     }
     Ok(out)
 }

@@ -29,7 +29,9 @@ impl EchoServer {
 
     fn start_on(addr: SocketAddr) -> Self {
         let socket = UdpSocket::bind(addr).unwrap();
-        socket.set_read_timeout(Some(Duration::from_millis(20))).unwrap();
+        socket
+            .set_read_timeout(Some(Duration::from_millis(20)))
+            .unwrap();
         let addr = socket.local_addr().unwrap();
         let peers = Arc::new(Mutex::new(HashSet::new()));
         let stop = Arc::new(AtomicBool::new(false));
@@ -45,7 +47,12 @@ impl EchoServer {
                 }
             }
         });
-        Self { addr, peers, stop, thread: Some(thread) }
+        Self {
+            addr,
+            peers,
+            stop,
+            thread: Some(thread),
+        }
     }
 
     fn peers(&self) -> usize {
@@ -67,7 +74,9 @@ impl Drop for EchoServer {
 fn ping(target: SocketAddr, count: u64, interval: Duration) -> Vec<f64> {
     let socket = UdpSocket::bind(LOCALHOST).unwrap();
     socket.connect(target).unwrap();
-    socket.set_read_timeout(Some(Duration::from_millis(500))).unwrap();
+    socket
+        .set_read_timeout(Some(Duration::from_millis(500)))
+        .unwrap();
     let base = Instant::now();
     let sender = thread::spawn({
         let socket = socket.try_clone().unwrap();
@@ -91,7 +100,11 @@ fn ping(target: SocketAddr, count: u64, interval: Duration) -> Vec<f64> {
                 rtts.push(rtt as f64 / 1000.0);
             }
             Ok(n) => panic!("unexpected {n}-byte answer"),
-            Err(e) if e.kind() == io::ErrorKind::WouldBlock || e.kind() == io::ErrorKind::TimedOut => break,
+            Err(e)
+                if e.kind() == io::ErrorKind::WouldBlock || e.kind() == io::ErrorKind::TimedOut =>
+            {
+                break
+            }
             Err(e) => panic!("{e}"),
         }
     }
@@ -137,7 +150,10 @@ fn udp_delay_is_accurate(one_way: Duration) {
     assert_accurate("udp to client", &measured.to_client, one_way);
     assert_eq!(measured.to_server.packets, count);
     assert_eq!(measured.to_client.packets, count);
-    assert_eq!((measured.to_server.dropped, measured.to_client.dropped), (0, 0));
+    assert_eq!(
+        (measured.to_server.dropped, measured.to_client.dropped),
+        (0, 0)
+    );
     assert_eq!(measured.flows, 1);
 
     // From the client: the round trip grows by twice the setting. The client's clock readings include this shared
@@ -151,7 +167,10 @@ fn udp_delay_is_accurate(one_way: Duration) {
         median(&relayed),
         relayed[relayed.len() * 99 / 100],
     );
-    assert!((added_us - expected_us).abs() <= 1000.0, "client-side added rtt {added_us:.1} us");
+    assert!(
+        (added_us - expected_us).abs() <= 1000.0,
+        "client-side added rtt {added_us:.1} us"
+    );
 }
 
 #[test]
@@ -169,7 +188,10 @@ fn udp_zero_delay_relays() {
     let server = EchoServer::start();
     let emulator = UdpEmulator::start(server.addr, LinkConfig::with_delay(Duration::ZERO)).unwrap();
     let rtts = ping(emulator.addr(), 50, Duration::from_micros(200));
-    eprintln!("zero delay: rtt p50 {:.1} us through the emulator", median(&rtts));
+    eprintln!(
+        "zero delay: rtt p50 {:.1} us through the emulator",
+        median(&rtts)
+    );
     assert_eq!(emulator.measured().to_client.packets, 50);
 }
 
@@ -178,7 +200,11 @@ fn many_udp_clients_are_kept_apart() {
     const CLIENTS: usize = 1000;
     const PER_CLIENT: usize = 3;
     let server = EchoServer::start();
-    let emulator = UdpEmulator::start(server.addr, LinkConfig::with_delay(Duration::from_millis(5))).unwrap();
+    let emulator = UdpEmulator::start(
+        server.addr,
+        LinkConfig::with_delay(Duration::from_millis(5)),
+    )
+    .unwrap();
     let clients: Vec<UdpSocket> = (0..CLIENTS)
         .map(|_| {
             let socket = UdpSocket::bind(LOCALHOST).unwrap();
@@ -206,12 +232,24 @@ fn many_udp_clients_are_kept_apart() {
         }
         thread::sleep(Duration::from_millis(1));
     }
-    assert!(got.iter().all(|&n| n == PER_CLIENT), "some client lost echoes: {:?}", got.iter().filter(|&&n| n < PER_CLIENT).count());
-    assert_eq!(server.peers(), CLIENTS, "the server sees one peer per client");
+    assert!(
+        got.iter().all(|&n| n == PER_CLIENT),
+        "some client lost echoes: {:?}",
+        got.iter().filter(|&&n| n < PER_CLIENT).count()
+    );
+    assert_eq!(
+        server.peers(),
+        CLIENTS,
+        "the server sees one peer per client"
+    );
     let measured = emulator.measured();
     assert_eq!(measured.flows, CLIENTS as u64);
     assert_eq!(measured.flow_errors, 0);
-    assert_accurate("many clients, to server", &measured.to_server, Duration::from_millis(5));
+    assert_accurate(
+        "many clients, to server",
+        &measured.to_server,
+        Duration::from_millis(5),
+    );
 }
 
 #[test]
@@ -223,7 +261,9 @@ fn udp_keeps_up_with_twenty_thousand_datagrams_a_second() {
     let emulator = UdpEmulator::start(server.addr, LinkConfig::with_delay(one_way)).unwrap();
     let socket = UdpSocket::bind(LOCALHOST).unwrap();
     socket.connect(emulator.addr()).unwrap();
-    socket.set_read_timeout(Some(Duration::from_millis(300))).unwrap();
+    socket
+        .set_read_timeout(Some(Duration::from_millis(300)))
+        .unwrap();
     let sender = thread::spawn({
         let socket = socket.try_clone().unwrap();
         move || {
@@ -257,10 +297,13 @@ fn udp_keeps_up_with_twenty_thousand_datagrams_a_second() {
 fn udp_flow_survives_a_server_restart() {
     let server = EchoServer::start();
     let addr = server.addr;
-    let emulator = UdpEmulator::start(addr, LinkConfig::with_delay(Duration::from_millis(1))).unwrap();
+    let emulator =
+        UdpEmulator::start(addr, LinkConfig::with_delay(Duration::from_millis(1))).unwrap();
     let client = UdpSocket::bind(LOCALHOST).unwrap();
     client.connect(emulator.addr()).unwrap();
-    client.set_read_timeout(Some(Duration::from_millis(500))).unwrap();
+    client
+        .set_read_timeout(Some(Duration::from_millis(500)))
+        .unwrap();
     let mut buf = [0u8; 16];
     client.send(b"one").unwrap();
     assert_eq!(client.recv(&mut buf).unwrap(), 3);
@@ -331,7 +374,10 @@ fn tcp_bytes_arrive_intact_in_order_and_delayed() {
     stream.read_exact(&mut buf).unwrap();
     let rtt = start.elapsed();
     eprintln!("tcp: round trip {rtt:?}");
-    assert!(rtt >= 2 * one_way && rtt < 2 * one_way + Duration::from_millis(10), "{rtt:?}");
+    assert!(
+        rtt >= 2 * one_way && rtt < 2 * one_way + Duration::from_millis(10),
+        "{rtt:?}"
+    );
 
     // A few megabytes both ways, written and read at once.
     let data = pattern(3 << 20);
@@ -347,7 +393,12 @@ fn tcp_bytes_arrive_intact_in_order_and_delayed() {
     let mut echoed = Vec::new();
     stream.read_to_end(&mut echoed).unwrap();
     writer.join().unwrap();
-    assert!(echoed.len() == data.len() && echoed == data, "echo differs ({} of {} bytes)", echoed.len(), data.len());
+    assert!(
+        echoed.len() == data.len() && echoed == data,
+        "echo differs ({} of {} bytes)",
+        echoed.len(),
+        data.len()
+    );
 
     let measured = emulator.measured();
     eprintln!("tcp: {measured:?}");
@@ -361,7 +412,8 @@ fn tcp_bytes_arrive_intact_in_order_and_delayed() {
 fn tcp_server_close_and_reset_reach_the_client() {
     let listener = TcpListener::bind(LOCALHOST).unwrap();
     let upstream = listener.local_addr().unwrap();
-    let emulator = TcpEmulator::start(upstream, LinkConfig::with_delay(Duration::from_millis(2))).unwrap();
+    let emulator =
+        TcpEmulator::start(upstream, LinkConfig::with_delay(Duration::from_millis(2))).unwrap();
     let server = thread::spawn(move || {
         // First connection: say goodbye and close.
         let (mut stream, _) = listener.accept().unwrap();
@@ -369,7 +421,10 @@ fn tcp_server_close_and_reset_reach_the_client() {
         drop(stream);
         // Second: reset.
         let (stream, _) = listener.accept().unwrap();
-        let linger = libc::linger { l_onoff: 1, l_linger: 0 };
+        let linger = libc::linger {
+            l_onoff: 1,
+            l_linger: 0,
+        };
         let rc = unsafe {
             libc::setsockopt(
                 std::os::fd::AsRawFd::as_raw_fd(&stream),
@@ -389,7 +444,9 @@ fn tcp_server_close_and_reset_reach_the_client() {
     assert_eq!(got, b"bye");
 
     let mut client = TcpStream::connect(emulator.addr()).unwrap();
-    client.set_read_timeout(Some(Duration::from_secs(5))).unwrap();
+    client
+        .set_read_timeout(Some(Duration::from_secs(5)))
+        .unwrap();
     let error = client.read(&mut [0u8; 8]).unwrap_err();
     assert_eq!(error.kind(), io::ErrorKind::ConnectionReset);
     server.join().unwrap();
@@ -399,9 +456,12 @@ fn tcp_server_close_and_reset_reach_the_client() {
 fn tcp_refused_upstream_resets_the_client() {
     // A port nothing listens on.
     let upstream = TcpListener::bind(LOCALHOST).unwrap().local_addr().unwrap();
-    let emulator = TcpEmulator::start(upstream, LinkConfig::with_delay(Duration::from_millis(1))).unwrap();
+    let emulator =
+        TcpEmulator::start(upstream, LinkConfig::with_delay(Duration::from_millis(1))).unwrap();
     let mut client = TcpStream::connect(emulator.addr()).unwrap();
-    client.set_read_timeout(Some(Duration::from_secs(5))).unwrap();
+    client
+        .set_read_timeout(Some(Duration::from_secs(5)))
+        .unwrap();
     let error = client.read(&mut [0u8; 8]).unwrap_err();
     assert_eq!(error.kind(), io::ErrorKind::ConnectionReset);
     assert_eq!(emulator.measured().flow_errors, 1);
@@ -410,21 +470,41 @@ fn tcp_refused_upstream_resets_the_client() {
 #[test]
 fn drop_closes_the_sockets() {
     let server = EchoServer::start();
-    let udp = UdpEmulator::start(server.addr, LinkConfig::with_delay(Duration::from_millis(1))).unwrap();
-    let tcp = TcpEmulator::start(tcp_echo_server(), LinkConfig::with_delay(Duration::from_millis(1))).unwrap();
+    let udp = UdpEmulator::start(
+        server.addr,
+        LinkConfig::with_delay(Duration::from_millis(1)),
+    )
+    .unwrap();
+    let tcp = TcpEmulator::start(
+        tcp_echo_server(),
+        LinkConfig::with_delay(Duration::from_millis(1)),
+    )
+    .unwrap();
     let (udp_addr, tcp_addr) = (udp.addr(), tcp.addr());
     let _ = ping(udp_addr, 1, Duration::ZERO);
     drop(udp);
     drop(tcp);
     // The ports are free again: nothing holds the sockets.
     UdpSocket::bind(udp_addr).unwrap();
-    assert_eq!(TcpStream::connect(tcp_addr).unwrap_err().kind(), io::ErrorKind::ConnectionRefused);
+    assert_eq!(
+        TcpStream::connect(tcp_addr).unwrap_err().kind(),
+        io::ErrorKind::ConnectionRefused
+    );
 }
 
 #[test]
 fn bad_config_is_an_error() {
     let config = LinkConfig::with_delay(Duration::from_secs(3600));
     let upstream = "127.0.0.1:9".parse().unwrap();
-    assert_eq!(UdpEmulator::start(upstream, config.clone()).err().unwrap().kind(), io::ErrorKind::InvalidInput);
-    assert_eq!(TcpEmulator::start(upstream, config).err().unwrap().kind(), io::ErrorKind::InvalidInput);
+    assert_eq!(
+        UdpEmulator::start(upstream, config.clone())
+            .err()
+            .unwrap()
+            .kind(),
+        io::ErrorKind::InvalidInput
+    );
+    assert_eq!(
+        TcpEmulator::start(upstream, config).err().unwrap().kind(),
+        io::ErrorKind::InvalidInput
+    );
 }

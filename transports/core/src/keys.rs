@@ -30,7 +30,10 @@ pub enum KeyFileError {
 }
 
 fn io_err(path: &Path) -> impl FnOnce(io::Error) -> KeyFileError + '_ {
-    move |source| KeyFileError::Io { path: path.display().to_string(), source }
+    move |source| KeyFileError::Io {
+        path: path.display().to_string(),
+        source,
+    }
 }
 
 /// Write `contents` to `path` as a secret: mode 0600, written to a temporary file, synced, then renamed over.
@@ -44,7 +47,8 @@ pub fn write_secret(path: &Path, contents: &[u8]) -> Result<(), KeyFileError> {
         .open(&tmp)
         .map_err(io_err(&tmp))?;
     // A file that already existed keeps its old mode through `open`; make sure it is 0600.
-    f.set_permissions(fs::Permissions::from_mode(0o600)).map_err(io_err(&tmp))?;
+    f.set_permissions(fs::Permissions::from_mode(0o600))
+        .map_err(io_err(&tmp))?;
     f.write_all(contents).map_err(io_err(&tmp))?;
     f.sync_all().map_err(io_err(&tmp))?;
     fs::rename(&tmp, path).map_err(io_err(path))?;

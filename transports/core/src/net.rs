@@ -10,7 +10,10 @@ use std::os::fd::AsRawFd;
 pub fn set_buffers(socket: &impl AsRawFd, bytes: usize) -> io::Result<usize> {
     let fd = socket.as_raw_fd();
     let value = bytes.min(i32::MAX as usize) as libc::c_int;
-    for (force, plain) in [(libc::SO_RCVBUFFORCE, libc::SO_RCVBUF), (libc::SO_SNDBUFFORCE, libc::SO_SNDBUF)] {
+    for (force, plain) in [
+        (libc::SO_RCVBUFFORCE, libc::SO_RCVBUF),
+        (libc::SO_SNDBUFFORCE, libc::SO_SNDBUF),
+    ] {
         if setsockopt(fd, force, value).is_err() {
             setsockopt(fd, plain, value)?;
         }
@@ -19,7 +22,13 @@ pub fn set_buffers(socket: &impl AsRawFd, bytes: usize) -> io::Result<usize> {
     let mut len = std::mem::size_of::<libc::c_int>() as libc::socklen_t;
     // SAFETY: `got` and `len` are valid for writes of the sizes given.
     let rc = unsafe {
-        libc::getsockopt(fd, libc::SOL_SOCKET, libc::SO_RCVBUF, (&mut got as *mut libc::c_int).cast(), &mut len)
+        libc::getsockopt(
+            fd,
+            libc::SOL_SOCKET,
+            libc::SO_RCVBUF,
+            (&mut got as *mut libc::c_int).cast(),
+            &mut len,
+        )
     };
     if rc != 0 {
         return Err(io::Error::last_os_error());

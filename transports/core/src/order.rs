@@ -45,7 +45,10 @@ pub fn device_name(n: u32) -> String {
 /// `dev-N` maps to `N`, so results read naturally; any other name maps to its 64-bit FNV-1a hash with the top bit
 /// set, so the two ranges never meet.
 pub fn sender_id(name: &str) -> u64 {
-    if let Some(n) = name.strip_prefix("dev-").and_then(|n| n.parse::<u32>().ok()) {
+    if let Some(n) = name
+        .strip_prefix("dev-")
+        .and_then(|n| n.parse::<u32>().ok())
+    {
         if device_name(n) == name {
             return u64::from(n);
         }

@@ -181,7 +181,10 @@ pub trait Transport: Send + Sync + 'static {
     fn serve(&self, config: ServeConfig) -> BoxFuture<'static, Result<(), TransportError>>;
 
     /// Create the client side: one link per device, nothing connected yet.
-    fn fleet(&self, config: FleetConfig) -> BoxFuture<'static, Result<Box<dyn Fleet>, TransportError>>;
+    fn fleet(
+        &self,
+        config: FleetConfig,
+    ) -> BoxFuture<'static, Result<Box<dyn Fleet>, TransportError>>;
 }
 
 /// The client side of a transport: the links of many devices.

@@ -54,7 +54,13 @@ impl PureFleet {
             let sender = Sender::new(config.clone(), key, receiver_public, rng, counters.clone());
             per_shard[n % shards].push((n as u32, sender));
         }
-        let bind: SocketAddr = if server.is_ipv4() { "0.0.0.0:0" } else { "[::]:0" }.parse().expect("valid");
+        let bind: SocketAddr = if server.is_ipv4() {
+            "0.0.0.0:0"
+        } else {
+            "[::]:0"
+        }
+        .parse()
+        .expect("valid");
         let mut txs = Vec::with_capacity(shards);
         let mut tasks = Vec::with_capacity(shards);
         for devices in per_shard {
@@ -65,7 +71,12 @@ impl PureFleet {
             tasks.push(tokio::spawn(shard.run(rx, stop_rx.clone())));
             txs.push(tx);
         }
-        Ok(PureFleet { shards: txs, pending, stop, tasks: std::sync::Mutex::new(tasks) })
+        Ok(PureFleet {
+            shards: txs,
+            pending,
+            stop,
+            tasks: std::sync::Mutex::new(tasks),
+        })
     }
 }
 
@@ -124,8 +135,16 @@ impl Shard {
         events: mpsc::UnboundedSender<LinkEvent>,
         pending: Arc<AtomicUsize>,
     ) -> Shard {
-        let by_key = devices.iter().enumerate().map(|(i, (_, s))| (s.key_id(), i)).collect();
-        let by_device = devices.iter().enumerate().map(|(i, (n, _))| (*n, i)).collect();
+        let by_key = devices
+            .iter()
+            .enumerate()
+            .map(|(i, (_, s))| (s.key_id(), i))
+            .collect();
+        let by_device = devices
+            .iter()
+            .enumerate()
+            .map(|(i, (n, _))| (*n, i))
+            .collect();
         let scheduled = vec![None; devices.len()];
         Shard {
             socket,
@@ -141,7 +160,11 @@ impl Shard {
         }
     }
 
-    async fn run(mut self, mut commands: mpsc::UnboundedReceiver<Command>, mut stop: watch::Receiver<bool>) {
+    async fn run(
+        mut self,
+        mut commands: mpsc::UnboundedReceiver<Command>,
+        mut stop: watch::Receiver<bool>,
+    ) {
         let mut buf = vec![0u8; 65_536];
         loop {
             let next_timer = self.timers.peek().map(|Reverse((t, _))| *t);
@@ -195,13 +218,21 @@ impl Shard {
 
     fn datagram(&mut self, now: Instant, data: &[u8]) {
         // Every frame in an answer datagram is for the same device; route by the first frame's key id.
-        let Ok((crate::wire::Frame::Answer(a), _)) = crate::wire::parse_frame(data) else { return };
-        let Some(&i) = self.by_key.get(&a.key_id) else { return };
+        let Ok((crate::wire::Frame::Answer(a), _)) = crate::wire::parse_frame(data) else {
+            return;
+        };
+        let Some(&i) = self.by_key.get(&a.key_id) else {
+            return;
+        };
         let (device, sender) = &mut self.devices[i];
         sender.handle(now, data);
         while let Some(SenderEvent::Stored(id)) = sender.poll_event() {
             self.pending.fetch_sub(1, Ordering::Relaxed);
-            let _ = self.events.send(LinkEvent::Stored { device: *device, id, at: now });
+            let _ = self.events.send(LinkEvent::Stored {
+                device: *device,
+                id,
+                at: now,
+            });
         }
         self.dirty.push(i);
     }

@@ -92,7 +92,9 @@ impl NodeKey {
 
     /// X25519 with a peer's public key: one scalar multiplication.
     pub fn agree(&self, peer: &[u8; 32]) -> [u8; 32] {
-        self.secret.diffie_hellman(&PublicKey::from(*peer)).to_bytes()
+        self.secret
+            .diffie_hellman(&PublicKey::from(*peer))
+            .to_bytes()
     }
 }
 
@@ -122,19 +124,25 @@ fn nonce(seq: u64) -> Nonce {
 
 /// An AES-256-GCM key (aws-lc-rs: AES-NI and carry-less multiplication where the CPU has them).
 fn aead_key(bytes: &[u8; 32]) -> Arc<LessSafeKey> {
-    Arc::new(LessSafeKey::new(UnboundKey::new(&AES_256_GCM, bytes).expect("32-byte key")))
+    Arc::new(LessSafeKey::new(
+        UnboundKey::new(&AES_256_GCM, bytes).expect("32-byte key"),
+    ))
 }
 
 fn expand(prk: &[u8; 32], info: &[&[u8]]) -> [u8; 32] {
     let hk = Hkdf::<Sha256>::from_prk(prk).expect("32-byte PRK");
     let mut out = [0u8; 32];
-    hk.expand_multi_info(info, &mut out).expect("32 bytes is a valid length");
+    hk.expand_multi_info(info, &mut out)
+        .expect("32 bytes is a valid length");
     out
 }
 
 impl WireKeys {
     fn from_parts(record: [u8; 32], answer_secret: [u8; 32]) -> WireKeys {
-        WireKeys { record: aead_key(&record), answer_secret }
+        WireKeys {
+            record: aead_key(&record),
+            answer_secret,
+        }
     }
 
     fn from_hpke_exporter(export: impl Fn(&[u8], &mut [u8])) -> WireKeys {
@@ -152,40 +160,71 @@ impl WireKeys {
         sender: &NodeKey,
         receiver: &[u8; 32],
     ) -> ([u8; ENC_LEN], WireKeys) {
-        let sk = <Kem as hpke::Kem>::PrivateKey::from_bytes(&sender.secret_bytes()).expect("32-byte key");
+        let sk = <Kem as hpke::Kem>::PrivateKey::from_bytes(&sender.secret_bytes())
+            .expect("32-byte key");
         let pk = <Kem as hpke::Kem>::PublicKey::from_bytes(sender.public()).expect("32-byte key");
         let pk_r = <Kem as hpke::Kem>::PublicKey::from_bytes(receiver).expect("32-byte key");
-        let (enc, ctx) =
-            hpke::setup_sender::<ExportOnly, Kdf, Kem, _>(&OpModeS::Auth((sk, pk)), &pk_r, HPKE_INFO, rng)
-                .expect("X25519 encapsulation to a valid key succeeds");
-        let keys = WireKeys::from_hpke_exporter(|label, out| ctx.export(label, out).expect("32-byte export"));
+        let (enc, ctx) = hpke::setup_sender::<ExportOnly, Kdf, Kem, _>(
+            &OpModeS::Auth((sk, pk)),
+            &pk_r,
+            HPKE_INFO,
+            rng,
+        )
+        .expect("X25519 encapsulation to a valid key succeeds");
+        let keys = WireKeys::from_hpke_exporter(|label, out| {
+            ctx.export(label, out).expect("32-byte export")
+        });
         let mut enc_bytes = [0u8; ENC_LEN];
         enc_bytes.copy_from_slice(&enc.to_bytes());
         (enc_bytes, keys)
     }
 
     /// Receiver side of an HPKE auth-mode setup for a record from `sender` carrying `enc`. Costs two X25519.
-    pub fn hpke_receiver(receiver: &NodeKey, sender: &[u8; 32], enc: &[u8; ENC_LEN]) -> Result<WireKeys, OpenError> {
-        let sk = <Kem as hpke::Kem>::PrivateKey::from_bytes(&receiver.secret_bytes()).expect("32-byte key");
-        let pk_s = <Kem as hpke::Kem>::PublicKey::from_bytes(sender).map_err(|_| OpenError::Setup)?;
+    pub fn hpke_receiver(
+        receiver: &NodeKey,
+        sender: &[u8; 32],
+        enc: &[u8; ENC_LEN],
+    ) -> Result<WireKeys, OpenError> {
+        let sk = <Kem as hpke::Kem>::PrivateKey::from_bytes(&receiver.secret_bytes())
+            .expect("32-byte key");
+        let pk_s =
+            <Kem as hpke::Kem>::PublicKey::from_bytes(sender).map_err(|_| OpenError::Setup)?;
         let enc = <Kem as hpke::Kem>::EncappedKey::from_bytes(enc).map_err(|_| OpenError::Setup)?;
-        let ctx = hpke::setup_receiver::<ExportOnly, Kdf, Kem>(&OpModeR::Auth(pk_s), &sk, &enc, HPKE_INFO)
-            .map_err(|_| OpenError::Setup)?;
-        Ok(WireKeys::from_hpke_exporter(|label, out| ctx.export(label, out).expect("32-byte export")))
+        let ctx = hpke::setup_receiver::<ExportOnly, Kdf, Kem>(
+            &OpModeR::Auth(pk_s),
+            &sk,
+            &enc,
+            HPKE_INFO,
+        )
+        .map_err(|_| OpenError::Setup)?;
+        Ok(WireKeys::from_hpke_exporter(|label, out| {
+            ctx.export(label, out).expect("32-byte export")
+        }))
     }
 
     /// The keys of a link for one (sender run, receiver run): two HKDF-Expand, no asymmetric operation.
     pub fn link(link_secret: &[u8; 32], sender_run: u64, receiver_run: u64) -> WireKeys {
         let record = expand(
             link_secret,
-            &[b"pure/1 record", &sender_run.to_be_bytes(), &receiver_run.to_be_bytes()],
+            &[
+                b"pure/1 record",
+                &sender_run.to_be_bytes(),
+                &receiver_run.to_be_bytes(),
+            ],
         );
         let answer = expand(link_secret, &[b"pure/1 answer", &sender_run.to_be_bytes()]);
         WireKeys::from_parts(record, answer)
     }
 
     /// Seal record `seq`: appends `made_us ‖ payload` encrypted, then the tag, to `out`. `aad` is the header.
-    pub fn seal_record(&self, seq: u64, aad: &[u8], made_us: u64, payload: &[u8], out: &mut Vec<u8>) {
+    pub fn seal_record(
+        &self,
+        seq: u64,
+        aad: &[u8],
+        made_us: u64,
+        payload: &[u8],
+        out: &mut Vec<u8>,
+    ) {
         let start = out.len();
         out.extend_from_slice(&made_us.to_be_bytes());
         out.extend_from_slice(payload);
@@ -197,21 +236,33 @@ impl WireKeys {
     }
 
     /// Open record `seq`; returns `made_us` and the payload.
-    pub fn open_record(&self, seq: u64, aad: &[u8], body: &[u8]) -> Result<(u64, Vec<u8>), OpenError> {
+    pub fn open_record(
+        &self,
+        seq: u64,
+        aad: &[u8],
+        body: &[u8],
+    ) -> Result<(u64, Vec<u8>), OpenError> {
         let (ct, tag) = body.split_at(body.len() - TAG_LEN);
         let mut plain = ct.to_vec();
         self.record
             .open_in_place_separate_tag(nonce(seq), Aad::from(aad), tag, &mut plain)
             .map_err(|_| OpenError::Tag)?;
-        let made_us = u64::from_be_bytes(plain[..MADE_LEN].try_into().expect("checked by the parser"));
+        let made_us =
+            u64::from_be_bytes(plain[..MADE_LEN].try_into().expect("checked by the parser"));
         plain.drain(..MADE_LEN);
         Ok((made_us, plain))
     }
 
     /// The answer key for a receiver run: one HKDF-Expand.
     pub fn answer_key(&self, receiver_run: u64) -> AnswerKey {
-        let k = expand(&self.answer_secret, &[b"pure/1 answer key", &receiver_run.to_be_bytes()]);
-        AnswerKey { run: receiver_run, aead: aead_key(&k) }
+        let k = expand(
+            &self.answer_secret,
+            &[b"pure/1 answer key", &receiver_run.to_be_bytes()],
+        );
+        AnswerKey {
+            run: receiver_run,
+            aead: aead_key(&k),
+        }
     }
 }
 
@@ -240,13 +291,21 @@ impl AnswerKey {
     /// Whether `tag` authenticates the answer to record `seq`.
     pub fn verify(&self, seq: u64, header: &[u8], tag: &[u8]) -> bool {
         tag.len() == TAG_LEN
-            && self.aead.open_in_place_separate_tag(nonce(seq), Aad::from(header), tag, &mut []).is_ok()
+            && self
+                .aead
+                .open_in_place_separate_tag(nonce(seq), Aad::from(header), tag, &mut [])
+                .is_ok()
     }
 }
 
 /// The link secret of a (sender, receiver) pair from the two static keys: one X25519 and one HKDF.
 /// Either side computes the same value: the sender with the receiver's public key, the receiver with the sender's.
-pub fn link_secret(own: &NodeKey, peer: &[u8; 32], sender_public: &[u8; 32], receiver_public: &[u8; 32]) -> [u8; 32] {
+pub fn link_secret(
+    own: &NodeKey,
+    peer: &[u8; 32],
+    sender_public: &[u8; 32],
+    receiver_public: &[u8; 32],
+) -> [u8; 32] {
     let shared = own.agree(peer);
     let hk = Hkdf::<Sha256>::new(Some(b"pure/1 link"), &shared);
     let mut out = [0u8; 32];
@@ -263,14 +322,29 @@ mod tests {
     #[test]
     fn hpke_both_sides_agree_and_bind_the_sender() {
         let mut rng = StdRng::seed_from_u64(1);
-        let (s, r, other) = (NodeKey::generate(&mut rng), NodeKey::generate(&mut rng), NodeKey::generate(&mut rng));
+        let (s, r, other) = (
+            NodeKey::generate(&mut rng),
+            NodeKey::generate(&mut rng),
+            NodeKey::generate(&mut rng),
+        );
         let (enc, ks) = WireKeys::hpke_sender(&mut rng, &s, r.public());
         let kr = WireKeys::hpke_receiver(&r, s.public(), &enc).unwrap();
         let mut out = Vec::new();
         ks.seal_record(5, b"hdr", 42, b"order", &mut out);
-        assert_eq!(kr.open_record(5, b"hdr", &out).unwrap(), (42, b"order".to_vec()));
-        assert_eq!(kr.open_record(6, b"hdr", &out), Err(OpenError::Tag), "another number");
-        assert_eq!(kr.open_record(5, b"hdR", &out), Err(OpenError::Tag), "another header");
+        assert_eq!(
+            kr.open_record(5, b"hdr", &out).unwrap(),
+            (42, b"order".to_vec())
+        );
+        assert_eq!(
+            kr.open_record(6, b"hdr", &out),
+            Err(OpenError::Tag),
+            "another number"
+        );
+        assert_eq!(
+            kr.open_record(5, b"hdR", &out),
+            Err(OpenError::Tag),
+            "another header"
+        );
         // The receiver believing the record came from another sender derives other keys.
         let wrong = WireKeys::hpke_receiver(&r, other.public(), &enc).unwrap();
         assert_eq!(wrong.open_record(5, b"hdr", &out), Err(OpenError::Tag));
@@ -288,7 +362,11 @@ mod tests {
         let mut out = Vec::new();
         WireKeys::link(&ls, 1, 2).seal_record(0, b"h", 1, b"x", &mut out);
         assert!(WireKeys::link(&ls, 1, 2).open_record(0, b"h", &out).is_ok());
-        assert!(WireKeys::link(&ls, 1, 3).open_record(0, b"h", &out).is_err());
-        assert!(WireKeys::link(&ls, 2, 2).open_record(0, b"h", &out).is_err());
+        assert!(WireKeys::link(&ls, 1, 3)
+            .open_record(0, b"h", &out)
+            .is_err());
+        assert!(WireKeys::link(&ls, 2, 2)
+            .open_record(0, b"h", &out)
+            .is_err());
     }
 }

@@ -32,17 +32,32 @@ use rand::rngs::StdRng;
 use rand::{RngCore, SeedableRng};
 use std::path::Path;
 use transport_core::{
-    device_name, keys, sender_id, BoxFuture, Fleet, FleetConfig, Ready, ServeConfig, Support, Transport,
-    TransportError, WorkloadKind,
+    device_name, keys, sender_id, BoxFuture, Fleet, FleetConfig, Ready, ServeConfig, Support,
+    Transport, TransportError, WorkloadKind,
 };
 
 /// The variants, with a line each on what they are.
 pub const VARIANTS: &[(&str, &str)] = &[
-    ("pure", "link secret from the two static X25519 keys, per-run keys, no handshake"),
-    ("pure:no-memo", "as `pure`, link secrets not remembered: one X25519 per returning sender after a restart"),
-    ("pure:hpke-session", "one HPKE auth-mode session per wire, records sealed by number"),
-    ("pure:hpke-per-request", "a fresh HPKE auth-mode setup for every record (the baseline)"),
-    ("pure:plain", "the same framing and store, no sealing (the ceiling)"),
+    (
+        "pure",
+        "link secret from the two static X25519 keys, per-run keys, no handshake",
+    ),
+    (
+        "pure:no-memo",
+        "as `pure`, link secrets not remembered: one X25519 per returning sender after a restart",
+    ),
+    (
+        "pure:hpke-session",
+        "one HPKE auth-mode session per wire, records sealed by number",
+    ),
+    (
+        "pure:hpke-per-request",
+        "a fresh HPKE auth-mode setup for every record (the baseline)",
+    ),
+    (
+        "pure:plain",
+        "the same framing and store, no sealing (the ceiling)",
+    ),
 ];
 
 /// File names in the identity directory.
@@ -90,7 +105,8 @@ impl Pure {
 
     fn load_device_keys(dir: &Path, devices: u32) -> Result<Vec<NodeKey>, TransportError> {
         let path = dir.join(files::DEVICE_KEYS);
-        let text = std::fs::read_to_string(&path).map_err(|e| identity_err(format!("{}: {e}", path.display())))?;
+        let text = std::fs::read_to_string(&path)
+            .map_err(|e| identity_err(format!("{}: {e}", path.display())))?;
         let keys = text
             .lines()
             .take(devices as usize)
@@ -120,9 +136,9 @@ impl Transport for Pure {
 
     fn supports(&self, workload: WorkloadKind) -> Support {
         match workload {
-            WorkloadKind::Fanout | WorkloadKind::Flood => {
-                Support::No("Pure links carry orders to a receiver; there is no publish/subscribe relay")
-            }
+            WorkloadKind::Fanout | WorkloadKind::Flood => Support::No(
+                "Pure links carry orders to a receiver; there is no publish/subscribe relay",
+            ),
             _ => Support::Yes,
         }
     }
@@ -131,8 +147,13 @@ impl Transport for Pure {
         std::fs::create_dir_all(dir)?;
         let mut rng = StdRng::from_os_rng();
         let node = NodeKey::generate(&mut rng);
-        node.save(&dir.join(files::NODE_KEY)).map_err(identity_err)?;
-        keys::write_public(&dir.join(files::NODE_PUB), hex::encode(node.public()).as_bytes()).map_err(identity_err)?;
+        node.save(&dir.join(files::NODE_KEY))
+            .map_err(identity_err)?;
+        keys::write_public(
+            &dir.join(files::NODE_PUB),
+            hex::encode(node.public()).as_bytes(),
+        )
+        .map_err(identity_err)?;
         let mut secrets = String::with_capacity(devices as usize * 65);
         let mut allowed = Vec::with_capacity(devices as usize);
         for n in 0..devices {
@@ -142,18 +163,25 @@ impl Transport for Pure {
             secrets.push_str(&hex::encode(secret));
             secrets.push('\n');
             let name = device_name(n);
-            allowed.push(AllowedSender { sender_id: sender_id(&name), name, public: *key.public() });
+            allowed.push(AllowedSender {
+                sender_id: sender_id(&name),
+                name,
+                public: *key.public(),
+            });
         }
-        keys::write_secret(&dir.join(files::DEVICE_KEYS), secrets.as_bytes()).map_err(identity_err)?;
+        keys::write_secret(&dir.join(files::DEVICE_KEYS), secrets.as_bytes())
+            .map_err(identity_err)?;
         let list = AllowList::new(allowed).map_err(identity_err)?;
-        keys::write_public(&dir.join(files::SENDERS), list.to_text().as_bytes()).map_err(identity_err)?;
+        keys::write_public(&dir.join(files::SENDERS), list.to_text().as_bytes())
+            .map_err(identity_err)?;
         Ok(())
     }
 
     fn serve(&self, config: ServeConfig) -> BoxFuture<'static, Result<(), TransportError>> {
         let (kind, memo) = (self.kind, self.memo);
         Box::pin(async move {
-            let node = NodeKey::load(&config.identity.join(files::NODE_KEY)).map_err(identity_err)?;
+            let node =
+                NodeKey::load(&config.identity.join(files::NODE_KEY)).map_err(identity_err)?;
             let senders = if config.senders.is_empty() {
                 AllowList::load(&config.identity.join(files::SENDERS))
             } else {
@@ -169,9 +197,10 @@ impl Transport for Pure {
             let public_key = hex::encode(node.public());
             let secrets: Box<dyn receiver::LinkSecrets> = if memo && kind == Kind::Link {
                 let path = memo::path_for(&config.identity.join(files::NODE_KEY));
-                Box::new(memo::Memo::open(&path, &node, senders.len()).map_err(|e| {
-                    identity_err(format!("{}: {e}", path.display()))
-                })?)
+                Box::new(
+                    memo::Memo::open(&path, &node, senders.len())
+                        .map_err(|e| identity_err(format!("{}: {e}", path.display())))?,
+                )
             } else {
                 Box::new(InMemorySecrets::default())
             };
@@ -186,15 +215,22 @@ impl Transport for Pure {
                 },
                 config.counters.clone(),
             );
-            let _ = config.ready.send(Ready { addr: socket.local_addr()?, public_key });
+            let _ = config.ready.send(Ready {
+                addr: socket.local_addr()?,
+                public_key,
+            });
             server::run(socket, receiver, config.store).await
         })
     }
 
-    fn fleet(&self, config: FleetConfig) -> BoxFuture<'static, Result<Box<dyn Fleet>, TransportError>> {
+    fn fleet(
+        &self,
+        config: FleetConfig,
+    ) -> BoxFuture<'static, Result<Box<dyn Fleet>, TransportError>> {
         let kind = self.kind;
         Box::pin(async move {
-            let receiver = keys::read_key32(&config.identity.join(files::NODE_PUB)).map_err(identity_err)?;
+            let receiver =
+                keys::read_key32(&config.identity.join(files::NODE_PUB)).map_err(identity_err)?;
             let device_keys = Pure::load_device_keys(&config.identity, config.devices)?;
             let fleet = client::PureFleet::start(
                 config.server,

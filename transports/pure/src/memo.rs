@@ -64,7 +64,13 @@ impl Memo {
     /// Open (or create) the memo for `node` with room for `senders` slots. A memo made for another node key is
     /// rewritten from scratch.
     pub fn open(path: &Path, node: &NodeKey, senders: usize) -> io::Result<Memo> {
-        let file = OpenOptions::new().read(true).write(true).create(true).truncate(false).mode(0o600).open(path)?;
+        let file = OpenOptions::new()
+            .read(true)
+            .write(true)
+            .create(true)
+            .truncate(false)
+            .mode(0o600)
+            .open(path)?;
         file.set_permissions(std::fs::Permissions::from_mode(0o600))?;
         let len = file.metadata()?.len() as usize;
         let mut header = [0u8; SLOT];
@@ -90,7 +96,13 @@ impl Memo {
         if fresh {
             map[..SLOT].copy_from_slice(&header);
         }
-        Ok(Memo { path: path.to_path_buf(), file, map, slots: senders, written: 0 })
+        Ok(Memo {
+            path: path.to_path_buf(),
+            file,
+            map,
+            slots: senders,
+            written: 0,
+        })
     }
 
     /// The memo file.
@@ -165,7 +177,10 @@ mod tests {
 
     fn keys(n: usize, seed: u64) -> (NodeKey, Vec<NodeKey>) {
         let mut rng = StdRng::seed_from_u64(seed);
-        (NodeKey::generate(&mut rng), (0..n).map(|_| NodeKey::generate(&mut rng)).collect())
+        (
+            NodeKey::generate(&mut rng),
+            (0..n).map(|_| NodeKey::generate(&mut rng)).collect(),
+        )
     }
 
     #[test]
@@ -175,12 +190,20 @@ mod tests {
         let (node, senders) = keys(5, 1);
         let mut memo = Memo::open(&path, &node, 5).unwrap();
         assert_eq!(transport_core::keys::mode(&path).unwrap(), 0o600);
-        let computed: Vec<_> = senders.iter().enumerate().map(|(i, s)| memo.get(i, s.public(), &node)).collect();
+        let computed: Vec<_> = senders
+            .iter()
+            .enumerate()
+            .map(|(i, s)| memo.get(i, s.public(), &node))
+            .collect();
         assert!(computed.iter().all(|(_, agreed)| *agreed));
         drop(memo);
         let mut memo = Memo::open(&path, &node, 5).unwrap();
         for (i, s) in senders.iter().enumerate() {
-            assert_eq!(memo.get(i, s.public(), &node), (computed[i].0, false), "slot {i} remembered");
+            assert_eq!(
+                memo.get(i, s.public(), &node),
+                (computed[i].0, false),
+                "slot {i} remembered"
+            );
         }
     }
 
@@ -199,7 +222,11 @@ mod tests {
         bytes[SLOT * 3 + PREFIX + 4 + 7] ^= 0x40;
         std::fs::write(&path, bytes).unwrap();
         let mut memo = Memo::open(&path, &node, 4).unwrap();
-        let agreed: Vec<bool> = senders.iter().enumerate().map(|(i, s)| memo.get(i, s.public(), &node).1).collect();
+        let agreed: Vec<bool> = senders
+            .iter()
+            .enumerate()
+            .map(|(i, s)| memo.get(i, s.public(), &node).1)
+            .collect();
         assert_eq!(agreed, vec![false, false, true, false]);
     }
 
@@ -215,10 +242,24 @@ mod tests {
         drop(memo);
         let (other_node, _) = keys(0, 4);
         let mut memo = Memo::open(&path, &other_node, 3).unwrap();
-        assert!(senders.iter().enumerate().all(|(i, s)| memo.lookup(i, s.public()).is_none()), "nothing carried over");
+        assert!(
+            senders
+                .iter()
+                .enumerate()
+                .all(|(i, s)| memo.lookup(i, s.public()).is_none()),
+            "nothing carried over"
+        );
         let (secret, agreed) = memo.get(0, senders[0].public(), &other_node);
         assert!(agreed);
-        assert_eq!(secret, link_secret(&other_node, senders[0].public(), senders[0].public(), other_node.public()));
+        assert_eq!(
+            secret,
+            link_secret(
+                &other_node,
+                senders[0].public(),
+                senders[0].public(),
+                other_node.public()
+            )
+        );
     }
 
     #[test]

@@ -152,7 +152,11 @@ impl Receiver {
         let opened = match r.kind {
             Kind::Plain => {
                 let (made, payload) = r.body.split_at(wire::MADE_LEN);
-                Ok((u64::from_be_bytes(made.try_into().expect("8 bytes")), payload.to_vec(), None))
+                Ok((
+                    u64::from_be_bytes(made.try_into().expect("8 bytes")),
+                    payload.to_vec(),
+                    None,
+                ))
             }
             Kind::HpkeSession => self.open_session(r, &sender_public),
             Kind::HpkePerRequest => self.open_per_request(r, &sender_public),
@@ -173,8 +177,20 @@ impl Receiver {
             buf.extend_from_slice(&tag);
         }
         frame[..buf.len()].copy_from_slice(&buf);
-        self.orders.push(Order { id: OrderId { sender: sender_id, run: r.run, seq: r.seq }, made_us, payload });
-        self.replies.push(Reply { to: from, len: buf.len() as u8, frame });
+        self.orders.push(Order {
+            id: OrderId {
+                sender: sender_id,
+                run: r.run,
+                seq: r.seq,
+            },
+            made_us,
+            payload,
+        });
+        self.replies.push(Reply {
+            to: from,
+            len: buf.len() as u8,
+            frame,
+        });
     }
 
     fn open_session(
@@ -195,7 +211,13 @@ impl Receiver {
                     self.sessions.remove(&old);
                 }
             }
-            self.sessions.insert(enc, Session { keys, answer: answer.clone() });
+            self.sessions.insert(
+                enc,
+                Session {
+                    keys,
+                    answer: answer.clone(),
+                },
+            );
             self.session_order.push_back(enc);
             return Ok((made, payload, Some(answer)));
         }
@@ -213,7 +235,8 @@ impl Receiver {
     ) -> Result<(u64, Vec<u8>, Option<AnswerKey>), OpenError> {
         Counters::add(&self.counters.x25519, 2);
         Counters::inc(&self.counters.key_derivations);
-        let keys = WireKeys::hpke_receiver(&self.key, sender, r.enc().expect("HPKE kinds carry enc"))?;
+        let keys =
+            WireKeys::hpke_receiver(&self.key, sender, r.enc().expect("HPKE kinds carry enc"))?;
         let (made, payload) = keys.open_record(r.seq, r.header, r.body)?;
         Ok((made, payload, Some(keys.answer_key(self.run))))
     }
@@ -224,7 +247,9 @@ impl Receiver {
         r: &Record<'_>,
         sender: &[u8; 32],
     ) -> Result<(u64, Vec<u8>, Option<AnswerKey>), OpenError> {
-        let receiver_run = r.receiver_run().expect("link records carry the receiver run");
+        let receiver_run = r
+            .receiver_run()
+            .expect("link records carry the receiver run");
         let wire_id = (index, r.run, receiver_run);
         if !self.links.contains_key(&wire_id) {
             let (secret, agreed) = self.secrets.get(index, sender, &self.key);
@@ -236,7 +261,13 @@ impl Receiver {
             let keys = WireKeys::link(&secret, r.run, receiver_run);
             let opened = keys.open_record(r.seq, r.header, r.body)?;
             let answer = keys.answer_key(self.run);
-            self.links.insert(wire_id, LinkWire { keys, answer: answer.clone() });
+            self.links.insert(
+                wire_id,
+                LinkWire {
+                    keys,
+                    answer: answer.clone(),
+                },
+            );
             return Ok((opened.0, opened.1, Some(answer)));
         }
         let w = &self.links[&wire_id];
@@ -246,7 +277,10 @@ impl Receiver {
 
     /// The orders opened since the last call, and their replies (same order, same length).
     pub fn take_deliveries(&mut self) -> (Vec<Order>, Vec<Reply>) {
-        (std::mem::take(&mut self.orders), std::mem::take(&mut self.replies))
+        (
+            std::mem::take(&mut self.orders),
+            std::mem::take(&mut self.replies),
+        )
     }
 
     /// Queue the answer "stored" for a delivery whose order the store has committed (or had already applied).
@@ -262,7 +296,10 @@ impl Receiver {
     pub fn poll_transmit(&mut self, buf: &mut Vec<u8>) -> Option<SocketAddr> {
         buf.clear();
         let to = *self.outgoing_order.front()?;
-        let pending = self.outgoing.get_mut(&to).expect("queued destinations have bytes");
+        let pending = self
+            .outgoing
+            .get_mut(&to)
+            .expect("queued destinations have bytes");
         let frame_len = self.kind.answer_len();
         let take = pending.len().min(MAX_DATAGRAM / frame_len * frame_len);
         buf.extend_from_slice(&pending[..take]);

@@ -35,7 +35,12 @@ pub struct SenderConfig {
 impl SenderConfig {
     /// The suite's defaults: a window of up to 256 records, re-sends after 200 ms growing to 1 s.
     pub fn new(kind: Kind) -> SenderConfig {
-        SenderConfig { kind, window: 256, initial_rto: Duration::from_millis(200), max_rto: Duration::from_secs(1) }
+        SenderConfig {
+            kind,
+            window: 256,
+            initial_rto: Duration::from_millis(200),
+            max_rto: Duration::from_secs(1),
+        }
     }
 }
 
@@ -97,7 +102,13 @@ pub struct Sender {
 
 impl Sender {
     /// A device with key `key` sending to the receiver whose public key is `receiver`.
-    pub fn new(config: SenderConfig, key: NodeKey, receiver: [u8; 32], rng: StdRng, counters: Arc<Counters>) -> Sender {
+    pub fn new(
+        config: SenderConfig,
+        key: NodeKey,
+        receiver: [u8; 32],
+        rng: StdRng,
+        counters: Arc<Counters>,
+    ) -> Sender {
         let key_id = key.key_id();
         let rto = config.initial_rto;
         let window = config.window;
@@ -145,7 +156,9 @@ impl Sender {
 
     fn fill_window(&mut self, now: Instant) {
         while self.in_flight.len() < (self.cwnd as usize).max(1) {
-            let Some(order) = self.outbox.pop_front() else { break };
+            let Some(order) = self.outbox.pop_front() else {
+                break;
+            };
             let seq = order.id.seq;
             let rto = self.rto();
             self.in_flight.insert(
@@ -176,7 +189,9 @@ impl Sender {
                 Counters::inc(&self.counters.refused_malformed);
                 continue;
             }
-            let Some(entry) = self.in_flight.get(&a.seq) else { continue };
+            let Some(entry) = self.in_flight.get(&a.seq) else {
+                continue;
+            };
             if entry.order.id.run != a.run {
                 continue;
             }
@@ -235,7 +250,11 @@ impl Sender {
 
     /// When [`Sender::handle_timeout`] should be called next.
     pub fn poll_timeout(&self) -> Option<Instant> {
-        self.in_flight.values().filter(|f| !f.queued).map(|f| f.deadline).min()
+        self.in_flight
+            .values()
+            .filter(|f| !f.queued)
+            .map(|f| f.deadline)
+            .min()
     }
 
     /// Queue the records whose answer is overdue, and back their timers off.
@@ -292,7 +311,10 @@ impl Sender {
     fn seal(&mut self, seq: u64) {
         let kind = self.config.kind;
         let run = self.in_flight[&seq].order.id.run;
-        let mut frame = Vec::with_capacity(wire::record_len(kind, self.in_flight[&seq].order.payload.len()));
+        let mut frame = Vec::with_capacity(wire::record_len(
+            kind,
+            self.in_flight[&seq].order.payload.len(),
+        ));
         let mut own_keys = None;
         match kind {
             Kind::Plain => {
@@ -313,7 +335,15 @@ impl Sender {
                 };
                 let o = &self.in_flight[&seq].order;
                 let body_len = wire::MADE_LEN + o.payload.len() + wire::TAG_LEN;
-                let aad = wire::put_record_header(&mut frame, kind, &self.key_id, run, seq, &enc, body_len);
+                let aad = wire::put_record_header(
+                    &mut frame,
+                    kind,
+                    &self.key_id,
+                    run,
+                    seq,
+                    &enc,
+                    body_len,
+                );
                 let aad = frame[aad].to_vec();
                 keys.seal_record(seq, &aad, o.made_us, &o.payload, &mut frame);
                 if kind == Kind::HpkePerRequest {
@@ -326,9 +356,18 @@ impl Sender {
                 let o = &self.in_flight[&seq].order;
                 let body_len = wire::MADE_LEN + o.payload.len() + wire::TAG_LEN;
                 let variant = self.receiver_run.to_be_bytes();
-                let aad = wire::put_record_header(&mut frame, kind, &self.key_id, run, seq, &variant, body_len);
+                let aad = wire::put_record_header(
+                    &mut frame,
+                    kind,
+                    &self.key_id,
+                    run,
+                    seq,
+                    &variant,
+                    body_len,
+                );
                 let aad = frame[aad].to_vec();
-                s.keys.seal_record(seq, &aad, o.made_us, &o.payload, &mut frame);
+                s.keys
+                    .seal_record(seq, &aad, o.made_us, &o.payload, &mut frame);
             }
         }
         let f = self.in_flight.get_mut(&seq).expect("present");
@@ -352,21 +391,36 @@ impl Sender {
             Kind::HpkeSession => {
                 Counters::add(&self.counters.x25519, 3);
                 let (enc, keys) = WireKeys::hpke_sender(&mut self.rng, &self.key, &self.receiver);
-                self.session = Some(Session { run, receiver_run: 0, enc, keys });
+                self.session = Some(Session {
+                    run,
+                    receiver_run: 0,
+                    enc,
+                    keys,
+                });
             }
             Kind::Link => {
                 let secret = match self.link_secret {
                     Some(s) => s,
                     None => {
                         Counters::inc(&self.counters.x25519);
-                        let s = link_secret(&self.key, &self.receiver, self.key.public(), &self.receiver);
+                        let s = link_secret(
+                            &self.key,
+                            &self.receiver,
+                            self.key.public(),
+                            &self.receiver,
+                        );
                         self.link_secret = Some(s);
                         s
                     }
                 };
                 Counters::inc(&self.counters.key_derivations);
                 let keys = WireKeys::link(&secret, run, self.receiver_run);
-                self.session = Some(Session { run, receiver_run: self.receiver_run, enc: [0; ENC_LEN], keys });
+                self.session = Some(Session {
+                    run,
+                    receiver_run: self.receiver_run,
+                    enc: [0; ENC_LEN],
+                    keys,
+                });
             }
             Kind::Plain | Kind::HpkePerRequest => {}
         }

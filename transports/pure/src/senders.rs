@@ -52,10 +52,16 @@ impl AllowList {
         let mut names = HashMap::with_capacity(senders.len());
         for (i, s) in senders.iter().enumerate() {
             if let Some(j) = by_key_id.insert(key_id(&s.public), i) {
-                return Err(AllowListError::Collision(senders[j].name.clone(), s.name.clone()));
+                return Err(AllowListError::Collision(
+                    senders[j].name.clone(),
+                    s.name.clone(),
+                ));
             }
             if let Some(j) = names.insert(s.name.as_str(), i) {
-                return Err(AllowListError::Collision(senders[j].name.clone(), s.name.clone()));
+                return Err(AllowListError::Collision(
+                    senders[j].name.clone(),
+                    s.name.clone(),
+                ));
             }
         }
         Ok(AllowList { senders, by_key_id })
@@ -80,7 +86,8 @@ impl AllowList {
 
     /// Read a file of `NAME=KEY` lines.
     pub fn load(path: &Path) -> Result<AllowList, AllowListError> {
-        let text = std::fs::read_to_string(path).map_err(|e| AllowListError::Io(format!("{}: {e}", path.display())))?;
+        let text = std::fs::read_to_string(path)
+            .map_err(|e| AllowListError::Io(format!("{}: {e}", path.display())))?;
         AllowList::parse(&text, &path.display().to_string())
     }
 
@@ -103,7 +110,10 @@ impl AllowList {
 
     /// The entries as `NAME=KEY` lines.
     pub fn to_text(&self) -> String {
-        self.senders.iter().map(|s| format!("{}={}\n", s.name, hex::encode(s.public))).collect()
+        self.senders
+            .iter()
+            .map(|s| format!("{}={}\n", s.name, hex::encode(s.public)))
+            .collect()
     }
 
     /// The sender a key id names, with its position in the list.
@@ -134,7 +144,11 @@ fn parse_entry(line: &str) -> Result<AllowedSender, String> {
         return Err("empty sender name".into());
     }
     let public = transport_core::keys::parse_key32(key.trim())?;
-    Ok(AllowedSender { name: name.to_string(), sender_id: sender_id(name), public })
+    Ok(AllowedSender {
+        name: name.to_string(),
+        sender_id: sender_id(name),
+        public,
+    })
 }
 
 #[cfg(test)]
@@ -145,7 +159,11 @@ mod tests {
     fn parses_and_finds_by_key_id() {
         let k1 = hex::encode([1u8; 32]);
         let k2 = hex::encode([2u8; 32]);
-        let list = AllowList::parse(&format!("# devices\ndev-1={k1}\n\n dev-2 = {k2} # second\n"), "f").unwrap();
+        let list = AllowList::parse(
+            &format!("# devices\ndev-1={k1}\n\n dev-2 = {k2} # second\n"),
+            "f",
+        )
+        .unwrap();
         assert_eq!(list.len(), 2);
         let (i, s) = list.find(&[2; 8]).unwrap();
         assert_eq!((i, s.name.as_str(), s.sender_id), (1, "dev-2", 2));

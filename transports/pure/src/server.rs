@@ -13,7 +13,11 @@ use transport_core::{StoreHandle, TransportError};
 const MAX_DATAGRAMS_PER_TURN: usize = 256;
 
 /// Run the receiver until an I/O or store error.
-pub async fn run(socket: UdpSocket, mut receiver: Receiver, store: StoreHandle) -> Result<(), TransportError> {
+pub async fn run(
+    socket: UdpSocket,
+    mut receiver: Receiver,
+    store: StoreHandle,
+) -> Result<(), TransportError> {
     let mut buf = vec![0u8; 65_536];
     let mut out = Vec::with_capacity(crate::wire::MAX_DATAGRAM);
     loop {
@@ -42,7 +46,11 @@ pub async fn run(socket: UdpSocket, mut receiver: Receiver, store: StoreHandle) 
 }
 
 /// Send one datagram, waiting for buffer space if the socket is full. A peer that is gone is not an error.
-pub(crate) async fn send(socket: &UdpSocket, data: &[u8], to: std::net::SocketAddr) -> io::Result<()> {
+pub(crate) async fn send(
+    socket: &UdpSocket,
+    data: &[u8],
+    to: std::net::SocketAddr,
+) -> io::Result<()> {
     match socket.send_to(data, to).await {
         Ok(_) => Ok(()),
         Err(e) if e.kind() == io::ErrorKind::ConnectionRefused => Ok(()),

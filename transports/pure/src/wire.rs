@@ -330,7 +330,11 @@ pub fn put_answer_header(
 
 /// The length of a record of `kind` with a payload of `payload_len` bytes.
 pub fn record_len(kind: Kind, payload_len: usize) -> usize {
-    let body = if kind.sealed() { MADE_LEN + payload_len + TAG_LEN } else { MADE_LEN + payload_len };
+    let body = if kind.sealed() {
+        MADE_LEN + payload_len + TAG_LEN
+    } else {
+        MADE_LEN + payload_len
+    };
     kind.record_header_len() + body
 }
 
@@ -341,7 +345,10 @@ mod tests {
     #[test]
     fn record_round_trip_and_packing() {
         let mut dg = Vec::new();
-        for (i, kind) in [Kind::Plain, Kind::HpkeSession, Kind::Link].into_iter().enumerate() {
+        for (i, kind) in [Kind::Plain, Kind::HpkeSession, Kind::Link]
+            .into_iter()
+            .enumerate()
+        {
             let variant = vec![i as u8; kind.variant_len()];
             let body_len = record_len(kind, 5) - kind.record_header_len();
             put_record_header(&mut dg, kind, &[9; 8], 7, i as u64, &variant, body_len);
@@ -352,7 +359,10 @@ mod tests {
         let got: Vec<_> = frames(&dg).collect::<Result<_, _>>().unwrap();
         assert_eq!(got.len(), 4);
         match got[2] {
-            Frame::Record(r) => assert_eq!((r.kind, r.seq, r.receiver_run()), (Kind::Link, 2, Some(0x0202020202020202))),
+            Frame::Record(r) => assert_eq!(
+                (r.kind, r.seq, r.receiver_run()),
+                (Kind::Link, 2, Some(0x0202020202020202))
+            ),
             _ => panic!("expected a record"),
         }
         match got[3] {

@@ -191,7 +191,11 @@ async fn wait_stored(
     seen: &mut HashMap<OrderId, u32>,
 ) {
     let deadline = tokio::time::Instant::now() + Duration::from_secs(120);
-    let mut missing: HashSet<OrderId> = made.iter().filter(|id| !seen.contains_key(id)).copied().collect();
+    let mut missing: HashSet<OrderId> = made
+        .iter()
+        .filter(|id| !seen.contains_key(id))
+        .copied()
+        .collect();
     while !missing.is_empty() {
         match tokio::time::timeout_at(deadline, rx.recv()).await {
             Ok(Some(LinkEvent::Stored { id, .. })) => {
@@ -199,7 +203,11 @@ async fn wait_stored(
                 missing.remove(&id);
             }
             Ok(Some(LinkEvent::Connected { .. })) => {}
-            _ => panic!("{} of {} orders never reported stored", missing.len(), made.len()),
+            _ => panic!(
+                "{} of {} orders never reported stored",
+                missing.len(),
+                made.len()
+            ),
         }
     }
 }

@@ -191,7 +191,11 @@ async fn wait_stored(
     seen: &mut HashMap<OrderId, u32>,
 ) {
     let deadline = tokio::time::Instant::now() + Duration::from_secs(120);
-    let mut missing: HashSet<OrderId> = made.iter().filter(|id| !seen.contains_key(id)).copied().collect();
+    let mut missing: HashSet<OrderId> = made
+        .iter()
+        .filter(|id| !seen.contains_key(id))
+        .copied()
+        .collect();
     while !missing.is_empty() {
         match tokio::time::timeout_at(deadline, rx.recv()).await {
             Ok(Some(LinkEvent::Stored { id, .. })) => {
@@ -199,7 +203,11 @@ async fn wait_stored(
                 missing.remove(&id);
             }
             Ok(Some(LinkEvent::Connected { .. })) => {}
-            _ => panic!("{} of {} orders never reported stored", missing.len(), made.len()),
+            _ => panic!(
+                "{} of {} orders never reported stored",
+                missing.len(),
+                made.len()
+            ),
         }
     }
 }
@@ -223,16 +231,45 @@ async fn assert_reported_once(
 async fn scratch_scale() {
     let devices: u32 = std::env::var("DEVS").unwrap().parse().unwrap();
     let setup = setup(devices);
-    let first = Server::start(&setup.identity, &setup.store_dir, "127.0.0.1:0".parse().unwrap());
+    let first = Server::start(
+        &setup.identity,
+        &setup.store_dir,
+        "127.0.0.1:0".parse().unwrap(),
+    );
     let addr = first.addr;
     let (fleet, mut rx, client) = fleet(&setup, addr, devices).await;
     let stored = Arc::new(std::sync::atomic::AtomicU64::new(0));
     let st = stored.clone();
-    let collector = tokio::spawn(async move { let mut seen = HashMap::new(); while let Some(e) = rx.recv().await { if let LinkEvent::Stored { id, .. } = e { *seen.entry(id).or_insert(0u32) += 1; st.fetch_add(1, std::sync::atomic::Ordering::Relaxed); } } seen });
+    let collector = tokio::spawn(async move {
+        let mut seen = HashMap::new();
+        while let Some(e) = rx.recv().await {
+            if let LinkEvent::Stored { id, .. } = e {
+                *seen.entry(id).or_insert(0u32) += 1;
+                st.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+            }
+        }
+        seen
+    });
     let (cc, sc) = (client.clone(), first.counters.clone());
     let st = stored.clone();
     let t0 = std::time::Instant::now();
-    let mon = tokio::spawn(async move { loop { tokio::time::sleep(Duration::from_secs(1)).await; let c = cc.snapshot(); let s = sc.snapshot(); eprintln!("{:>5.1}s stored {} client hs {} rc {} rs {} | server1 hs {} recv {}", t0.elapsed().as_secs_f64(), st.load(std::sync::atomic::Ordering::Relaxed), c.handshakes, c.reconnects, c.resent, s.handshakes, s.received); } });
+    let mon = tokio::spawn(async move {
+        loop {
+            tokio::time::sleep(Duration::from_secs(1)).await;
+            let c = cc.snapshot();
+            let s = sc.snapshot();
+            eprintln!(
+                "{:>5.1}s stored {} client hs {} rc {} rs {} | server1 hs {} recv {}",
+                t0.elapsed().as_secs_f64(),
+                st.load(std::sync::atomic::Ordering::Relaxed),
+                c.handshakes,
+                c.reconnects,
+                c.resent,
+                s.handshakes,
+                s.received
+            );
+        }
+    });
     let period = Duration::from_secs(5);
     let total = Duration::from_secs(30);
     let kill_at = Duration::from_secs(16);
@@ -245,7 +282,9 @@ async fn scratch_scale() {
         let d = (k % u64::from(devices)) as u32;
         let seq = k / u64::from(devices);
         let at = start + period * (seq as u32) + period.mul_f64(f64::from(d) / f64::from(devices));
-        if at - start > total { break; }
+        if at - start > total {
+            break;
+        }
         tokio::time::sleep_until(at).await;
         if second.is_none() && at - start >= kill_at {
             let s = first.take().unwrap().kill().await;
@@ -260,18 +299,34 @@ async fn scratch_scale() {
         k += 1;
     }
     let deadline = std::time::Instant::now() + Duration::from_secs(60);
-    while fleet.pending() > 0 && std::time::Instant::now() < deadline { tokio::time::sleep(Duration::from_millis(100)).await; }
+    while fleet.pending() > 0 && std::time::Instant::now() < deadline {
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
     fleet.close().await;
     mon.abort();
     drop(fleet);
     let seen = collector.await.unwrap();
     let after = second.unwrap().kill().await;
     eprintln!("client {:?}\nserver2 {after:?}", client.snapshot());
-    let audit = store::audit(&setup.store_dir, &made, &seen.keys().copied().collect::<Vec<_>>()).unwrap();
-    eprintln!("{audit:?} twice {}", seen.values().filter(|&&n| n > 1).count());
+    let audit = store::audit(
+        &setup.store_dir,
+        &made,
+        &seen.keys().copied().collect::<Vec<_>>(),
+    )
+    .unwrap();
+    eprintln!(
+        "{audit:?} twice {}",
+        seen.values().filter(|&&n| n > 1).count()
+    );
     let status = std::fs::read_to_string("/proc/self/status").unwrap();
-    eprintln!("{}", status.lines().filter(|l| l.starts_with("VmHWM") || l.starts_with("VmRSS")).collect::<Vec<_>>().join(" "));
-
+    eprintln!(
+        "{}",
+        status
+            .lines()
+            .filter(|l| l.starts_with("VmHWM") || l.starts_with("VmRSS"))
+            .collect::<Vec<_>>()
+            .join(" ")
+    );
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -50,7 +50,11 @@ pub(crate) struct Waiter {
 
 impl Waiter {
     pub(crate) fn new() -> io::Result<Self> {
-        Ok(Self { timer: TimerFd::new()?, armed: None, lateness: 50_000 })
+        Ok(Self {
+            timer: TimerFd::new()?,
+            armed: None,
+            lateness: 50_000,
+        })
     }
 
     pub(crate) fn raw_fd(&self) -> std::os::fd::RawFd {
@@ -84,7 +88,9 @@ impl Waiter {
     /// how late the wake-up was.
     pub(crate) fn fired(&mut self, woke: Nanos, learn: bool) {
         self.timer.clear();
-        let Some(deadline) = self.armed.take() else { return };
+        let Some(deadline) = self.armed.take() else {
+            return;
+        };
         if !learn || woke < deadline {
             // A stale expiry of an earlier deadline.
             return;
@@ -112,7 +118,11 @@ mod tests {
             let late = if i % 10 == 0 { 80_000 } else { 20_000 };
             waiter.fired(1_000_000 + late, true);
         }
-        assert!((20_000..=80_000).contains(&waiter.lateness), "{}", waiter.lateness);
+        assert!(
+            (20_000..=80_000).contains(&waiter.lateness),
+            "{}",
+            waiter.lateness
+        );
         let settled = waiter.lateness;
         waiter.armed = Some(1_000_000);
         waiter.fired(1_000_000 + 10_000_000, true);
@@ -125,7 +135,10 @@ mod tests {
         let stamp = sys::realtime() - 10_000_000;
         let at = received_at(Some(stamp));
         // 10 ms before `before`, plus the few instructions between the two clock reads.
-        assert!(at + 10_000_000 + 1_000 >= before && at + 5_000_000 <= before, "{at} vs {before}");
+        assert!(
+            at + 10_000_000 + 1_000 >= before && at + 5_000_000 <= before,
+            "{at} vs {before}"
+        );
         // A timestamp from a clock step is not trusted.
         assert!(received_at(Some(stamp - 10_000_000_000)) >= before);
         assert!(received_at(None) >= before);

@@ -49,13 +49,18 @@ impl Worker {
     pub(crate) fn spawn<R: Relay>(name: &str, poll: Poll, relay: R) -> io::Result<Self> {
         let waker = Waker::new(poll.registry(), WAKER)?;
         let waiter = Waiter::new()?;
-        poll.registry().register(&mut SourceFd(&waiter.raw_fd()), TIMER, Interest::READABLE)?;
+        poll.registry()
+            .register(&mut SourceFd(&waiter.raw_fd()), TIMER, Interest::READABLE)?;
         let stop = Arc::new(AtomicBool::new(false));
         let thread = thread::Builder::new().name(name.to_owned()).spawn({
             let stop = Arc::clone(&stop);
             move || run(poll, waiter, relay, &stop)
         })?;
-        Ok(Self { stop, waker, thread: Some(thread) })
+        Ok(Self {
+            stop,
+            waker,
+            thread: Some(thread),
+        })
     }
 }
 
@@ -79,7 +84,10 @@ fn run<R: Relay>(mut poll: Poll, mut waiter: Waiter, mut relay: R, stop: &Atomic
     let mut due_soon = false;
     loop {
         let blocking = !due_soon && !relay.has_more();
-        if let Err(error) = poll.poll(&mut events, if blocking { None } else { Some(Duration::ZERO) }) {
+        if let Err(error) = poll.poll(
+            &mut events,
+            if blocking { None } else { Some(Duration::ZERO) },
+        ) {
             if error.kind() == io::ErrorKind::Interrupted {
                 continue;
             }
@@ -110,7 +118,11 @@ fn run<R: Relay>(mut poll: Poll, mut waiter: Waiter, mut relay: R, stop: &Atomic
 /// Delivers everything that is due. If the next due time is closer than the timer's lead, spins for it and
 /// delivers once more, then returns `true` so the sockets are checked before spinning again (a steady stream of
 /// packets must not keep the thread from reading). Otherwise arms the timer for the next due time.
-fn deliver_due<R: Relay>(relay: &mut R, queue: &mut Queue<R::Item>, waiter: &mut Waiter) -> io::Result<bool> {
+fn deliver_due<R: Relay>(
+    relay: &mut R,
+    queue: &mut Queue<R::Item>,
+    waiter: &mut Waiter,
+) -> io::Result<bool> {
     deliver_until(relay, queue, clock::now());
     let Some(due) = queue.next_due() else {
         waiter.disarm()?;
@@ -122,7 +134,9 @@ fn deliver_due<R: Relay>(relay: &mut R, queue: &mut Queue<R::Item>, waiter: &mut
     }
     clock::spin_until(due);
     deliver_until(relay, queue, clock::now());
-    Ok(queue.next_due().is_some_and(|due| due <= clock::now() + waiter.lead()))
+    Ok(queue
+        .next_due()
+        .is_some_and(|due| due <= clock::now() + waiter.lead()))
 }
 
 fn deliver_until<R: Relay>(relay: &mut R, queue: &mut Queue<R::Item>, now: sys::Nanos) {

@@ -33,13 +33,17 @@ pub(crate) struct LinkModel {
 
 impl LinkModel {
     pub(crate) fn new(config: &LinkConfig) -> Self {
-        Self { one_way_delay: u64::try_from(config.one_way_delay.as_nanos()).unwrap_or(u64::MAX) }
+        Self {
+            one_way_delay: u64::try_from(config.one_way_delay.as_nanos()).unwrap_or(u64::MAX),
+        }
     }
 
     /// The per-packet schedule: the fate of a packet of `bytes` bytes received at `received`.
     pub(crate) fn schedule(&mut self, received: Nanos, bytes: usize) -> Fate {
         let _ = bytes; // for the rate limit
-        Fate::Deliver { at: received.saturating_add(self.one_way_delay) }
+        Fate::Deliver {
+            at: received.saturating_add(self.one_way_delay),
+        }
     }
 
     /// The configured one-way delay.
@@ -57,6 +61,9 @@ mod tests {
     fn constant_delay() {
         let mut model = LinkModel::new(&LinkConfig::with_delay(Duration::from_micros(1500)));
         assert_eq!(model.schedule(1_000, 100), Fate::Deliver { at: 1_501_000 });
-        assert_eq!(model.schedule(u64::MAX - 1, 100), Fate::Deliver { at: u64::MAX });
+        assert_eq!(
+            model.schedule(u64::MAX - 1, 100),
+            Fate::Deliver { at: u64::MAX }
+        );
     }
 }

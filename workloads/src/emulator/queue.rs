@@ -19,7 +19,10 @@ struct Entry<T> {
 
 impl<T> Queue<T> {
     pub(crate) fn new() -> Self {
-        Self { heap: BinaryHeap::new(), next_seq: 0 }
+        Self {
+            heap: BinaryHeap::new(),
+            next_seq: 0,
+        }
     }
 
     pub(crate) fn push(&mut self, due: Nanos, item: T) {

@@ -30,7 +30,11 @@ pub(crate) struct Recorder {
 impl Recorder {
     fn new() -> io::Result<Self> {
         let delay = Histogram::new_with_bounds(1, HIGHEST, 3).map_err(io::Error::other)?;
-        Ok(Self { delay, dropped: 0, held: 0 })
+        Ok(Self {
+            delay,
+            dropped: 0,
+            held: 0,
+        })
     }
 
     /// Records a packet delivered at `sent` that was received at `received`.
@@ -41,13 +45,23 @@ impl Recorder {
     fn stats(&self, setting: Nanos) -> DelayStats {
         let us = |nanos: f64| nanos / 1_000.0;
         let empty = self.delay.is_empty();
-        let quantile = |q: f64| if empty { 0.0 } else { us(self.delay.value_at_quantile(q) as f64) };
+        let quantile = |q: f64| {
+            if empty {
+                0.0
+            } else {
+                us(self.delay.value_at_quantile(q) as f64)
+            }
+        };
         DelayStats {
             packets: self.delay.len(),
             mean_us: if empty { 0.0 } else { us(self.delay.mean()) },
             p50_us: quantile(0.5),
             p99_us: quantile(0.99),
-            max_us: if empty { 0.0 } else { us(self.delay.max() as f64) },
+            max_us: if empty {
+                0.0
+            } else {
+                us(self.delay.max() as f64)
+            },
             setting_us: us(setting as f64),
             dropped: self.dropped,
             held: self.held,
@@ -75,7 +89,9 @@ impl Shared {
 
     /// The recorders, indexed by [`Direction`]. A panic elsewhere while holding the lock leaves them usable.
     pub(crate) fn lock(&self) -> MutexGuard<'_, [Recorder; 2]> {
-        self.directions.lock().unwrap_or_else(|poisoned| poisoned.into_inner())
+        self.directions
+            .lock()
+            .unwrap_or_else(|poisoned| poisoned.into_inner())
     }
 
     pub(crate) fn flow_opened(&self) {
@@ -115,7 +131,11 @@ mod tests {
         assert_eq!(m.to_server.packets, 0);
         assert_eq!(m.to_server.p50_us, 0.0);
         assert_eq!(m.to_client.packets, 3);
-        assert!((m.to_client.p50_us - 10_010.0).abs() < 10.0, "{}", m.to_client.p50_us);
+        assert!(
+            (m.to_client.p50_us - 10_010.0).abs() < 10.0,
+            "{}",
+            m.to_client.p50_us
+        );
         assert!((m.to_client.mean_us - 10_010.0).abs() < 10.0);
         assert!((m.to_client.max_us - 10_020.0).abs() < 10.0);
         assert_eq!(m.to_client.setting_us, 10_000.0);

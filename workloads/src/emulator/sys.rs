@@ -12,7 +12,10 @@ pub(crate) type Nanos = u64;
 const NANOS_PER_SEC: u64 = 1_000_000_000;
 
 fn read_clock(clock: libc::clockid_t) -> Nanos {
-    let mut ts = libc::timespec { tv_sec: 0, tv_nsec: 0 };
+    let mut ts = libc::timespec {
+        tv_sec: 0,
+        tv_nsec: 0,
+    };
     // SAFETY: `ts` is a valid, writable timespec; clock_gettime cannot fail for these clock ids.
     unsafe { libc::clock_gettime(clock, &mut ts) };
     timespec_to_nanos(&ts)
@@ -45,7 +48,15 @@ fn nanos_to_timespec(nanos: Nanos) -> libc::timespec {
 /// Asks the kernel not to coalesce this thread's timers with others (the default slack is 50 µs). Best effort.
 pub(crate) fn minimize_timer_slack() {
     // SAFETY: PR_SET_TIMERSLACK takes an unsigned long and touches no memory of ours.
-    unsafe { libc::prctl(libc::PR_SET_TIMERSLACK, 1 as libc::c_ulong, 0 as libc::c_ulong, 0 as libc::c_ulong, 0) };
+    unsafe {
+        libc::prctl(
+            libc::PR_SET_TIMERSLACK,
+            1 as libc::c_ulong,
+            0 as libc::c_ulong,
+            0 as libc::c_ulong,
+            0,
+        )
+    };
 }
 
 /// A non-blocking `timerfd` on `CLOCK_MONOTONIC`, readable when its deadline has passed.
@@ -54,7 +65,12 @@ pub(crate) struct TimerFd(OwnedFd);
 impl TimerFd {
     pub(crate) fn new() -> io::Result<Self> {
         // SAFETY: plain system call; the result is checked before it is used as a descriptor.
-        let fd = unsafe { libc::timerfd_create(libc::CLOCK_MONOTONIC, libc::TFD_NONBLOCK | libc::TFD_CLOEXEC) };
+        let fd = unsafe {
+            libc::timerfd_create(
+                libc::CLOCK_MONOTONIC,
+                libc::TFD_NONBLOCK | libc::TFD_CLOEXEC,
+            )
+        };
         if fd < 0 {
             return Err(io::Error::last_os_error());
         }
@@ -68,13 +84,29 @@ impl TimerFd {
     }
 
     pub(crate) fn disarm(&self) -> io::Result<()> {
-        self.settime(libc::timespec { tv_sec: 0, tv_nsec: 0 })
+        self.settime(libc::timespec {
+            tv_sec: 0,
+            tv_nsec: 0,
+        })
     }
 
     fn settime(&self, value: libc::timespec) -> io::Result<()> {
-        let spec = libc::itimerspec { it_interval: libc::timespec { tv_sec: 0, tv_nsec: 0 }, it_value: value };
+        let spec = libc::itimerspec {
+            it_interval: libc::timespec {
+                tv_sec: 0,
+                tv_nsec: 0,
+            },
+            it_value: value,
+        };
         // SAFETY: `spec` is a valid itimerspec; the old value is not asked for.
-        let rc = unsafe { libc::timerfd_settime(self.0.as_raw_fd(), libc::TFD_TIMER_ABSTIME, &spec, std::ptr::null_mut()) };
+        let rc = unsafe {
+            libc::timerfd_settime(
+                self.0.as_raw_fd(),
+                libc::TFD_TIMER_ABSTIME,
+                &spec,
+                std::ptr::null_mut(),
+            )
+        };
         if rc < 0 {
             return Err(io::Error::last_os_error());
         }
@@ -93,10 +125,17 @@ impl TimerFd {
     }
 }
 
-fn setsockopt<T>(fd: BorrowedFd<'_>, level: libc::c_int, name: libc::c_int, value: &T) -> io::Result<()> {
-    let len = libc::socklen_t::try_from(mem::size_of::<T>()).map_err(|_| io::ErrorKind::InvalidInput)?;
+fn setsockopt<T>(
+    fd: BorrowedFd<'_>,
+    level: libc::c_int,
+    name: libc::c_int,
+    value: &T,
+) -> io::Result<()> {
+    let len =
+        libc::socklen_t::try_from(mem::size_of::<T>()).map_err(|_| io::ErrorKind::InvalidInput)?;
     // SAFETY: `value` points to a live T of `len` bytes; the kernel only reads it.
-    let rc = unsafe { libc::setsockopt(fd.as_raw_fd(), level, name, (value as *const T).cast(), len) };
+    let rc =
+        unsafe { libc::setsockopt(fd.as_raw_fd(), level, name, (value as *const T).cast(), len) };
     if rc < 0 {
         return Err(io::Error::last_os_error());
     }
@@ -105,12 +144,20 @@ fn setsockopt<T>(fd: BorrowedFd<'_>, level: libc::c_int, name: libc::c_int, valu
 
 /// Makes the kernel stamp every received packet with its arrival time (`SO_TIMESTAMPNS`).
 pub(crate) fn enable_receive_timestamps(socket: &impl AsFd) -> io::Result<()> {
-    setsockopt(socket.as_fd(), libc::SOL_SOCKET, libc::SO_TIMESTAMPNS, &(1 as libc::c_int))
+    setsockopt(
+        socket.as_fd(),
+        libc::SOL_SOCKET,
+        libc::SO_TIMESTAMPNS,
+        &(1 as libc::c_int),
+    )
 }
 
 /// Makes `close` send a reset instead of a FIN.
 pub(crate) fn set_linger_zero(socket: &impl AsFd) -> io::Result<()> {
-    let linger = libc::linger { l_onoff: 1, l_linger: 0 };
+    let linger = libc::linger {
+        l_onoff: 1,
+        l_linger: 0,
+    };
     setsockopt(socket.as_fd(), libc::SOL_SOCKET, libc::SO_LINGER, &linger)
 }
 
@@ -138,7 +185,10 @@ pub(crate) fn recv_timestamped(socket: &impl AsFd, buf: &mut [u8]) -> io::Result
     let mut name: libc::sockaddr_storage = unsafe { mem::zeroed() };
     // u64 elements keep the control buffer aligned for cmsghdr; 64 bytes hold a timestamp message with room.
     let mut control = [0u64; 8];
-    let mut iov = libc::iovec { iov_base: buf.as_mut_ptr().cast(), iov_len: buf.len() };
+    let mut iov = libc::iovec {
+        iov_base: buf.as_mut_ptr().cast(),
+        iov_len: buf.len(),
+    };
     // SAFETY: as above.
     let mut msg: libc::msghdr = unsafe { mem::zeroed() };
     msg.msg_name = (&mut name as *mut libc::sockaddr_storage).cast();
@@ -160,7 +210,8 @@ pub(crate) fn recv_timestamped(socket: &impl AsFd, buf: &mut [u8]) -> io::Result
     unsafe {
         let mut cmsg = libc::CMSG_FIRSTHDR(&msg);
         while !cmsg.is_null() {
-            if (*cmsg).cmsg_level == libc::SOL_SOCKET && (*cmsg).cmsg_type == libc::SCM_TIMESTAMPNS {
+            if (*cmsg).cmsg_level == libc::SOL_SOCKET && (*cmsg).cmsg_type == libc::SCM_TIMESTAMPNS
+            {
                 let ts = std::ptr::read_unaligned(libc::CMSG_DATA(cmsg).cast::<libc::timespec>());
                 kernel_time = Some(timespec_to_nanos(&ts));
             }
@@ -168,7 +219,11 @@ pub(crate) fn recv_timestamped(socket: &impl AsFd, buf: &mut [u8]) -> io::Result
         }
     }
 
-    Ok(Received { len: n as usize, from: socket_addr(&name, msg.msg_namelen), kernel_time })
+    Ok(Received {
+        len: n as usize,
+        from: socket_addr(&name, msg.msg_namelen),
+        kernel_time,
+    })
 }
 
 fn socket_addr(storage: &libc::sockaddr_storage, len: libc::socklen_t) -> Option<SocketAddr> {
@@ -176,13 +231,19 @@ fn socket_addr(storage: &libc::sockaddr_storage, len: libc::socklen_t) -> Option
     match libc::c_int::from(storage.ss_family) {
         libc::AF_INET if len >= mem::size_of::<libc::sockaddr_in>() => {
             // SAFETY: the family says the storage holds a sockaddr_in, and it is large and aligned enough for one.
-            let sin = unsafe { &*(storage as *const libc::sockaddr_storage).cast::<libc::sockaddr_in>() };
+            let sin =
+                unsafe { &*(storage as *const libc::sockaddr_storage).cast::<libc::sockaddr_in>() };
             let ip = Ipv4Addr::from(u32::from_be(sin.sin_addr.s_addr));
-            Some(SocketAddr::V4(SocketAddrV4::new(ip, u16::from_be(sin.sin_port))))
+            Some(SocketAddr::V4(SocketAddrV4::new(
+                ip,
+                u16::from_be(sin.sin_port),
+            )))
         }
         libc::AF_INET6 if len >= mem::size_of::<libc::sockaddr_in6>() => {
             // SAFETY: as above, for sockaddr_in6.
-            let sin6 = unsafe { &*(storage as *const libc::sockaddr_storage).cast::<libc::sockaddr_in6>() };
+            let sin6 = unsafe {
+                &*(storage as *const libc::sockaddr_storage).cast::<libc::sockaddr_in6>()
+            };
             let ip = Ipv6Addr::from(sin6.sin6_addr.s6_addr);
             Some(SocketAddr::V6(SocketAddrV6::new(
                 ip,
@@ -216,7 +277,10 @@ mod tests {
         assert_eq!(&buf[..got.len], b"hello");
         assert_eq!(got.from, Some(tx.local_addr().unwrap()));
         let stamp = got.kernel_time.expect("kernel timestamp");
-        assert!(stamp >= before && stamp <= realtime(), "{stamp} not in [{before}, now]");
+        assert!(
+            stamp >= before && stamp <= realtime(),
+            "{stamp} not in [{before}, now]"
+        );
     }
 
     #[test]

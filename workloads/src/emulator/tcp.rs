@@ -60,11 +60,16 @@ impl TcpEmulator {
     }
 
     /// Starts an emulator listening on `listen` (port 0 for an ephemeral one), relaying to `upstream`.
-    pub fn start_on(listen: SocketAddr, upstream: SocketAddr, config: LinkConfig) -> io::Result<Self> {
+    pub fn start_on(
+        listen: SocketAddr,
+        upstream: SocketAddr,
+        config: LinkConfig,
+    ) -> io::Result<Self> {
         config.validate()?;
         let poll = Poll::new()?;
         let mut listener = TcpListener::bind(listen)?;
-        poll.registry().register(&mut listener, LISTENER, Interest::READABLE)?;
+        poll.registry()
+            .register(&mut listener, LISTENER, Interest::READABLE)?;
         let addr = listener.local_addr()?;
         let link = LinkModel::new(&config);
         let shared = Arc::new(Shared::new(link.one_way_delay())?);
@@ -80,7 +85,11 @@ impl TcpEmulator {
             more: VecDeque::new(),
         };
         let worker = Worker::spawn("tcp-emulator", poll, relay)?;
-        Ok(Self { addr, shared, _worker: worker })
+        Ok(Self {
+            addr,
+            shared,
+            _worker: worker,
+        })
     }
 
     /// The address clients connect to.
@@ -99,7 +108,12 @@ pub(crate) enum Item {
     /// The emulated handshake has reached the server: connect to it.
     Connect { conn: u64 },
     /// Bytes read from the source side of `direction`.
-    Chunk { conn: u64, direction: Direction, received: Nanos, data: Vec<u8> },
+    Chunk {
+        conn: u64,
+        direction: Direction,
+        received: Nanos,
+        data: Vec<u8>,
+    },
     /// The source side of `direction` sent FIN: shut the destination side down for writing.
     Fin { conn: u64, direction: Direction },
     /// A peer reset the connection or went away: reset the other peer.
@@ -223,7 +237,14 @@ impl TcpRelay {
             self.next_id += 1;
             let _ = stream.set_nodelay(true);
             if sys::enable_receive_timestamps(&stream).is_err()
-                || self.registry.register(&mut stream, token(id, CLIENT), Interest::READABLE | Interest::WRITABLE).is_err()
+                || self
+                    .registry
+                    .register(
+                        &mut stream,
+                        token(id, CLIENT),
+                        Interest::READABLE | Interest::WRITABLE,
+                    )
+                    .is_err()
             {
                 self.shared.flow_failed();
                 continue;
@@ -239,21 +260,30 @@ impl TcpRelay {
                 },
             );
             // SYN to the server, SYN-ACK back, ACK to the server: then the server's accept returns.
-            let Fate::Deliver { at: syn } = self.links[Direction::ToServer as usize].schedule(accepted, 0);
-            let Fate::Deliver { at: syn_ack } = self.links[Direction::ToClient as usize].schedule(syn, 0);
-            let Fate::Deliver { at: ack } = self.links[Direction::ToServer as usize].schedule(syn_ack, 0);
+            let Fate::Deliver { at: syn } =
+                self.links[Direction::ToServer as usize].schedule(accepted, 0);
+            let Fate::Deliver { at: syn_ack } =
+                self.links[Direction::ToClient as usize].schedule(syn, 0);
+            let Fate::Deliver { at: ack } =
+                self.links[Direction::ToServer as usize].schedule(syn_ack, 0);
             queue.push(ack, Item::Connect { conn: id });
         }
         self.more.push_back(LISTENER);
     }
 
     fn connect(&mut self, id: u64) {
-        let Some(conn) = self.conns.get_mut(&id) else { return };
+        let Some(conn) = self.conns.get_mut(&id) else {
+            return;
+        };
         if conn.resetting {
             return;
         }
         let connected = TcpStream::connect(self.upstream).and_then(|mut stream| {
-            self.registry.register(&mut stream, token(id, SERVER), Interest::READABLE | Interest::WRITABLE)?;
+            self.registry.register(
+                &mut stream,
+                token(id, SERVER),
+                Interest::READABLE | Interest::WRITABLE,
+            )?;
             Ok(stream)
         });
         match connected {
@@ -264,8 +294,12 @@ impl TcpRelay {
 
     /// The upstream socket reported an event before its connect completed: see whether it has.
     fn check_connected(&mut self, id: u64, queue: &mut Queue<Item>) {
-        let Some(conn) = self.conns.get_mut(&id) else { return };
-        let Some(stream) = conn.sides[SERVER].as_ref() else { return };
+        let Some(conn) = self.conns.get_mut(&id) else {
+            return;
+        };
+        let Some(stream) = conn.sides[SERVER].as_ref() else {
+            return;
+        };
         match stream.take_error() {
             Ok(None) => {}
             Ok(Some(_)) | Err(_) => return self.refused(id),
@@ -293,7 +327,9 @@ impl TcpRelay {
 
     /// Removes a connection, closing both sockets; `reset` sends a reset to that side instead of a FIN.
     fn close(&mut self, id: u64, reset: Option<usize>) {
-        let Some(mut conn) = self.conns.remove(&id) else { return };
+        let Some(mut conn) = self.conns.remove(&id) else {
+            return;
+        };
         for (side, stream) in conn.sides.iter_mut().enumerate() {
             if let Some(stream) = stream {
                 if reset == Some(side) {
@@ -308,18 +344,28 @@ impl TcpRelay {
     fn read(&mut self, id: u64, side: usize, queue: &mut Queue<Item>) {
         let direction = from_side(side);
         for _ in 0..READ_BUDGET {
-            let Some(conn) = self.conns.get_mut(&id) else { return };
+            let Some(conn) = self.conns.get_mut(&id) else {
+                return;
+            };
             let half = &conn.halves[direction as usize];
             if conn.resetting || !conn.connected[side] || half.ended || half.paused {
                 return;
             }
-            let Some(stream) = conn.sides[side].as_ref() else { return };
+            let Some(stream) = conn.sides[side].as_ref() else {
+                return;
+            };
             match sys::recv_timestamped(stream, &mut self.buf) {
                 Ok(received) if received.len == 0 => {
                     conn.halves[direction as usize].ended = true;
                     let at = clock::received_at(received.kernel_time);
                     let due = self.due(id, direction, at, 0);
-                    queue.push(due, Item::Fin { conn: id, direction });
+                    queue.push(
+                        due,
+                        Item::Fin {
+                            conn: id,
+                            direction,
+                        },
+                    );
                     return;
                 }
                 Ok(received) => {
@@ -329,7 +375,15 @@ impl TcpRelay {
                     let data = self.buf[..received.len].to_vec();
                     let at = clock::received_at(received.kernel_time);
                     let due = self.due(id, direction, at, data.len());
-                    queue.push(due, Item::Chunk { conn: id, direction, received: at, data });
+                    queue.push(
+                        due,
+                        Item::Chunk {
+                            conn: id,
+                            direction,
+                            received: at,
+                            data,
+                        },
+                    );
                 }
                 Err(error) if error.kind() == io::ErrorKind::WouldBlock => return,
                 Err(error) if error.kind() == io::ErrorKind::Interrupted => {}
@@ -346,7 +400,9 @@ impl TcpRelay {
 
     /// Queues a reset of `side`, travelling in `direction`, after everything queued in that direction.
     fn reset_later(&mut self, id: u64, direction: Direction, side: usize, queue: &mut Queue<Item>) {
-        let Some(conn) = self.conns.get_mut(&id) else { return };
+        let Some(conn) = self.conns.get_mut(&id) else {
+            return;
+        };
         if conn.resetting {
             return;
         }
@@ -355,14 +411,23 @@ impl TcpRelay {
         queue.push(due, Item::Reset { conn: id, side });
     }
 
-    fn chunk(&mut self, id: u64, direction: Direction, received: Nanos, data: Vec<u8>, queue: &mut Queue<Item>) {
+    fn chunk(
+        &mut self,
+        id: u64,
+        direction: Direction,
+        received: Nanos,
+        data: Vec<u8>,
+        queue: &mut Queue<Item>,
+    ) {
         let Some(conn) = self.conns.get_mut(&id) else {
             self.shared.lock()[direction as usize].dropped += 1;
             return;
         };
         let to = destination(direction);
         let half = &mut conn.halves[direction as usize];
-        let stream = conn.sides[to].as_ref().filter(|_| conn.connected[to] && half.backlog.is_empty());
+        let stream = conn.sides[to]
+            .as_ref()
+            .filter(|_| conn.connected[to] && half.backlog.is_empty());
         let Some(stream) = stream else {
             half.backlog.push_back(Pending { data, written: 0 });
             return;
@@ -394,7 +459,9 @@ impl TcpRelay {
 
     /// Bytes of `direction` handed to the kernel: resume reading the source if it was paused.
     fn written(&mut self, id: u64, direction: Direction, bytes: usize) {
-        let Some(conn) = self.conns.get_mut(&id) else { return };
+        let Some(conn) = self.conns.get_mut(&id) else {
+            return;
+        };
         let half = &mut conn.halves[direction as usize];
         half.in_flight = half.in_flight.saturating_sub(bytes);
         if half.paused && half.in_flight < WINDOW / 2 {
@@ -411,7 +478,9 @@ impl TcpRelay {
         let mut failed = false;
         if let Some(conn) = self.conns.get_mut(&id) {
             let half = &mut conn.halves[direction as usize];
-            let Some(stream) = conn.sides[to].as_ref().filter(|_| conn.connected[to]) else { return };
+            let Some(stream) = conn.sides[to].as_ref().filter(|_| conn.connected[to]) else {
+                return;
+            };
             while let Some(pending) = half.backlog.front_mut() {
                 match write_some(stream, &pending.data[pending.written..]) {
                     Ok(written) => {
@@ -443,10 +512,15 @@ impl TcpRelay {
     }
 
     fn fin(&mut self, id: u64, direction: Direction) {
-        let Some(conn) = self.conns.get_mut(&id) else { return };
+        let Some(conn) = self.conns.get_mut(&id) else {
+            return;
+        };
         let to = destination(direction);
         let half = &mut conn.halves[direction as usize];
-        match conn.sides[to].as_ref().filter(|_| conn.connected[to] && half.backlog.is_empty()) {
+        match conn.sides[to]
+            .as_ref()
+            .filter(|_| conn.connected[to] && half.backlog.is_empty())
+        {
             Some(stream) => {
                 half.fin_sent = true;
                 let _ = stream.shutdown(Shutdown::Write);
@@ -475,7 +549,9 @@ impl Relay for TcpRelay {
         }
         let id = (event.token().0 >> 1) as u64;
         let side = event.token().0 & 1;
-        let Some(conn) = self.conns.get(&id) else { return };
+        let Some(conn) = self.conns.get(&id) else {
+            return;
+        };
         if side == SERVER && !conn.connected[SERVER] {
             return self.check_connected(id, queue);
         }
@@ -504,7 +580,12 @@ impl Relay for TcpRelay {
     fn deliver(&mut self, item: Item, queue: &mut Queue<Item>) {
         match item {
             Item::Connect { conn } => self.connect(conn),
-            Item::Chunk { conn, direction, received, data } => self.chunk(conn, direction, received, data, queue),
+            Item::Chunk {
+                conn,
+                direction,
+                received,
+                data,
+            } => self.chunk(conn, direction, received, data, queue),
             Item::Fin { conn, direction } => self.fin(conn, direction),
             Item::Reset { conn, side } => self.close(conn, Some(side)),
         }

@@ -44,13 +44,18 @@ impl UdpEmulator {
     }
 
     /// Starts an emulator listening on `listen` (port 0 for an ephemeral one), relaying to `upstream`.
-    pub fn start_on(listen: SocketAddr, upstream: SocketAddr, config: LinkConfig) -> io::Result<Self> {
+    pub fn start_on(
+        listen: SocketAddr,
+        upstream: SocketAddr,
+        config: LinkConfig,
+    ) -> io::Result<Self> {
         config.validate()?;
         let poll = Poll::new()?;
         let mut listener = UdpSocket::bind(listen)?;
         sys::enable_receive_timestamps(&listener)?;
         sys::grow_buffers(&listener, LISTENER_BUFFER);
-        poll.registry().register(&mut listener, LISTENER, Interest::READABLE)?;
+        poll.registry()
+            .register(&mut listener, LISTENER, Interest::READABLE)?;
         let addr = listener.local_addr()?;
         let link = LinkModel::new(&config);
         let shared = Arc::new(Shared::new(link.one_way_delay())?);
@@ -66,7 +71,11 @@ impl UdpEmulator {
             more: VecDeque::new(),
         };
         let worker = Worker::spawn("udp-emulator", poll, relay)?;
-        Ok(Self { addr, shared, _worker: worker })
+        Ok(Self {
+            addr,
+            shared,
+            _worker: worker,
+        })
     }
 
     /// The address clients send to.
@@ -129,7 +138,9 @@ impl UdpRelay {
             let data: Box<[u8]> = self.buf[..received.len].into();
             let (flow, direction) = match token {
                 LISTENER => {
-                    let Some(client) = received.from else { continue };
+                    let Some(client) = received.from else {
+                        continue;
+                    };
                     match self.flow_for(client) {
                         Some(flow) => (flow, Direction::ToServer),
                         None => {
@@ -141,7 +152,15 @@ impl UdpRelay {
                 Token(i) => ((i - 1) as u32, Direction::ToClient),
             };
             match self.links[direction as usize].schedule(at, data.len()) {
-                Fate::Deliver { at: due } => queue.push(due, Datagram { flow, direction, received: at, data }),
+                Fate::Deliver { at: due } => queue.push(
+                    due,
+                    Datagram {
+                        flow,
+                        direction,
+                        received: at,
+                        data,
+                    },
+                ),
             }
         }
         self.more.push_back(token);
@@ -173,7 +192,8 @@ impl UdpRelay {
         let mut upstream = UdpSocket::bind(local)?;
         upstream.connect(self.upstream)?;
         sys::enable_receive_timestamps(&upstream)?;
-        self.registry.register(&mut upstream, Token(index as usize + 1), Interest::READABLE)?;
+        self.registry
+            .register(&mut upstream, Token(index as usize + 1), Interest::READABLE)?;
         self.flows.push(Flow { client, upstream });
         self.by_client.insert(client, index);
         Ok(index)
@@ -200,7 +220,9 @@ impl Relay for UdpRelay {
     }
 
     fn deliver(&mut self, datagram: Datagram, _queue: &mut Queue<Datagram>) {
-        let Some(flow) = self.flows.get(datagram.flow as usize) else { return };
+        let Some(flow) = self.flows.get(datagram.flow as usize) else {
+            return;
+        };
         let result = match datagram.direction {
             Direction::ToServer => flow.upstream.send(&datagram.data),
             Direction::ToClient => self.listener.send_to(&datagram.data, flow.client),
