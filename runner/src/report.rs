@@ -35,7 +35,7 @@ fn columns(workload: &str) -> Vec<Column> {
         "drain" => vec![
             c("orders/s, median (min-max)", "orders_per_second", Count),
             c("orders/s, each round", "orders_per_second", Rounds),
-            c("server CPU s", "server_cpu_s", Decimal),
+            c("server CPU µs/order", "server_cpu_us_per_order", Decimal),
             c("server X25519", "server_x25519", Count),
             c("re-sent", "client_resent", Count),
             c("lost", "lost", Sum),

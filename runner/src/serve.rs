@@ -1,7 +1,7 @@
 //! `runner serve`: run the server side of one transport in this process until killed.
 //!
 //! Prints one JSON line when listening (`{"ready": {...}}`), then answers each `stats` line on stdin with one JSON
-//! line (`{"counters": ..., "store": ...}`). Exits when stdin closes, so a server never outlives its runner.
+//! line (`{"counters": ..., "store": ..., "cpu_s": ...}`). Exits when stdin closes, so a server never outlives its runner.
 
 use anyhow::{bail, Context, Result};
 use clap::Args;
@@ -125,9 +125,12 @@ pub fn run(args: ServeArgs) -> Result<()> {
                     match line? {
                         None => return Ok(()),
                         Some(l) if l.trim() == "stats" => {
+                            // CPU from getrusage: microsecond resolution, every thread, exited ones included.
+                            let cpu_s = transport_core::sample::self_cpu_time().map(|d| d.as_secs_f64()).unwrap_or(0.0);
                             let v = serde_json::json!({
                                 "counters": counters.snapshot(),
                                 "store": store.stats(),
+                                "cpu_s": cpu_s,
                             });
                             print_line(&v.to_string())?;
                         }

@@ -8,10 +8,11 @@
 //! continues; the clock runs from SIGCONT to the last answer.
 //!
 //! Metrics: `orders`, `orders_per_second`, `drain_s`, `applied`, `lost`, `duplicates`, `acked_not_applied` (from the
-//! store audit, which reads the log), `server_cpu_s` and `client_cpu_s` (over the drain), and the counters of both
-//! sides. Histogram `continue_to_stored`: for each order, the time from SIGCONT to its answer.
+//! store audit, which reads the log), `server_cpu_s` (the server's own getrusage, read before the stop and after the
+//! last answer, so it includes the stats exchange and not only the drain; microsecond resolution) and `client_cpu_s`
+//! (the load generator's, over the drain), and the counters of both sides. Histogram `continue_to_stored`: for each order, the time from SIGCONT to its answer.
 
-use crate::harness::{self, any_loopback, put_counters, server_counters, Harness, WorkloadError};
+use crate::harness::{self, any_loopback, put_counters, server_stats, Harness, WorkloadError};
 use crate::hist;
 use crate::result::RunResult;
 use serde::{Deserialize, Serialize};
@@ -108,7 +109,8 @@ pub async fn run(
         }
     }
 
-    let before = server_counters(&mut server).await;
+    // The server's CPU does not move while it is stopped: read it now, and again after the drain.
+    let (before, cpu0) = server_stats(&mut server).await;
     let client_before = f.counters.snapshot();
     server.stop()?;
     h.say(&format!(
@@ -135,8 +137,6 @@ pub async fn run(
     }
     tokio::time::sleep(Duration::from_millis(params.pile_up_ms)).await;
 
-    let pid = server.pid();
-    let cpu0 = sample::cpu_time(pid)?;
     let self0 = sample::self_cpu_time()?;
     let t0 = Instant::now();
     server.cont()?;
@@ -158,10 +158,9 @@ pub async fn run(
             }
         }
     }
-    let cpu1 = sample::cpu_time(pid)?;
     let self1 = sample::self_cpu_time()?;
     let drain_s = last.duration_since(t0).as_secs_f64();
-    let after = server_counters(&mut server).await;
+    let (after, cpu1) = server_stats(&mut server).await;
     let client = f.counters.snapshot().since(&client_before);
     f.fleet.close().await;
     let _ = server.shutdown().await;
@@ -187,7 +186,9 @@ pub async fn run(
     m.insert("acked_not_applied".into(), audit.acked_not_applied.into());
     m.insert("unknown".into(), audit.unknown.into());
     m.insert("timed_out".into(), u64::from(timed_out).into());
-    m.insert("server_cpu_s".into(), (cpu1 - cpu0).as_secs_f64().into());
+    let server_cpu = (cpu1 - cpu0).max(0.0);
+    m.insert("server_cpu_s".into(), server_cpu.into());
+    m.insert("server_cpu_us_per_order".into(), (server_cpu * 1e6 / drained.max(1.0)).into());
     m.insert("client_cpu_s".into(), (self1 - self0).as_secs_f64().into());
     put_counters(&mut r, "server_", &after.since(&before));
     put_counters(&mut r, "client_", &client);

@@ -214,12 +214,18 @@ pub struct FleetHandle {
 
 /// The server's counters as its control line reports them (zero if the server could not answer).
 pub async fn server_counters(server: &mut ServerProcess) -> CounterSnapshot {
+    server_stats(server).await.0
+}
+
+/// The server's counters and its own CPU seconds (getrusage: every thread, microsecond resolution), as its control
+/// line reports them; zeros if the server could not answer.
+pub async fn server_stats(server: &mut ServerProcess) -> (CounterSnapshot, f64) {
     match server.stats().await {
-        Ok(v) => v
-            .get("counters")
-            .and_then(|c| serde_json::from_value(c.clone()).ok())
-            .unwrap_or_default(),
-        Err(_) => CounterSnapshot::default(),
+        Ok(v) => (
+            v.get("counters").and_then(|c| serde_json::from_value(c.clone()).ok()).unwrap_or_default(),
+            v.get("cpu_s").and_then(|c| c.as_f64()).unwrap_or(0.0),
+        ),
+        Err(_) => (CounterSnapshot::default(), 0.0),
     }
 }
 

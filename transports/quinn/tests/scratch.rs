@@ -36,7 +36,7 @@ impl Server {
             let (ready_tx, ready_rx) = std::sync::mpsc::channel();
             let (kill, kill_rx) = oneshot::channel::<()>();
             let config = (identity.to_path_buf(), store.clone(), counters.clone());
-            let thread = std::thread::spawn(move || {
+            let thread = std::thread::Builder::new().name("srv".into()).spawn(move || {
                 let runtime = tokio::runtime::Builder::new_current_thread()
                     .enable_all()
                     .build()
@@ -75,7 +75,7 @@ impl Server {
                 });
                 // Dropped without running again: like SIGKILL, nothing more is sent.
                 runtime.shutdown_background();
-            });
+            }).unwrap();
             match ready_rx.recv_timeout(Duration::from_secs(10)) {
                 Ok(Some(addr)) => {
                     return Server {
@@ -270,6 +270,13 @@ async fn scratch_scale() {
             );
         }
     });
+    if std::env::var("PRECONNECT").is_ok() {
+        let t = std::time::Instant::now();
+        let fl: &dyn Fleet = &*fleet;
+        let results = futures::future::join_all((0..devices).map(|d| fl.connect(d))).await;
+        eprintln!("preconnect {:?} errors {}", t.elapsed(), results.iter().filter(|r| r.is_err()).count());
+    }
+    let t0 = std::time::Instant::now();
     let period = Duration::from_secs(5);
     let total = Duration::from_secs(30);
     let kill_at = Duration::from_secs(16);
