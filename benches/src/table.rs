@@ -134,17 +134,12 @@ fn micros(m: &Measurement, statistic: Statistic) -> f64 {
     m.estimates.get(statistic).point_estimate / 1000.0
 }
 
-fn markdown(header: &[String], right_aligned_from: usize, rows: &[Vec<String>]) -> String {
+/// A Markdown table; the columns in `numeric` are right-aligned.
+fn markdown(header: &[String], numeric: std::ops::Range<usize>, rows: &[Vec<String>]) -> String {
     let mut out = String::new();
     let _ = writeln!(out, "| {} |", header.join(" | "));
     let align: Vec<&str> = (0..header.len())
-        .map(|i| {
-            if i < right_aligned_from {
-                "---"
-            } else {
-                "---:"
-            }
-        })
+        .map(|i| if numeric.contains(&i) { "---:" } else { "---" })
         .collect();
     let _ = writeln!(out, "|{}|", align.join("|"));
     for row in rows {
@@ -250,7 +245,7 @@ pub fn seed_table(
             row
         })
         .collect();
-    Some(markdown(&header, 1, &body))
+    Some(markdown(&header, 1..header.len(), &body))
 }
 
 /// What `handshake.rs` measures, added up from the separate rows: a verification with a parsed key (or an
@@ -351,7 +346,7 @@ pub fn area_tables(results: &[Measurement], statistic: Statistic) -> Vec<(String
                 row
             })
             .collect();
-        tables.push((name.to_string(), markdown(&header, 1, &body)));
+        tables.push((name.to_string(), markdown(&header, 1..header.len(), &body)));
     }
     tables
 }
@@ -457,7 +452,7 @@ pub fn compare_table(
             ]
         })
         .collect();
-    markdown(&header, 1, &body)
+    markdown(&header, 1..4, &body)
 }
 
 #[cfg(test)]

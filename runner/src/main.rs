@@ -84,7 +84,7 @@ fn start_run(args: run::RunArgs) -> ExitCode {
         Ok(k) => k,
         Err(e) => return usage(&e),
     };
-    let plan = match run::plan(args.profile, &kinds, &args.params) {
+    let plan = match run::plan(args.profile, &kinds, &args.params, &args.rtt) {
         Ok(p) => p,
         Err(e) => return usage(&e),
     };

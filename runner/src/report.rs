@@ -79,6 +79,9 @@ pub fn render(results: &[RunResult]) -> String {
 }
 
 fn render_workload(workload: &str, results: &[&RunResult]) -> String {
+    if workload == "first-contact" {
+        return render_first_contact(results);
+    }
     let mut by_transport: BTreeMap<usize, (&str, Vec<&RunResult>)> = BTreeMap::new();
     let mut seen: Vec<&str> = Vec::new();
     for r in results {
@@ -128,6 +131,52 @@ fn render_workload(workload: &str, results: &[&RunResult]) -> String {
     let mut table = b.build();
     table.with(Style::markdown());
     format!("### {workload}\n\n{table}\n")
+}
+
+/// Seed 095's M4 layout: one row per RTT, a p50 and a round-trip column per transport (medians of rounds).
+fn render_first_contact(results: &[&RunResult]) -> String {
+    let mut transports: Vec<&str> = Vec::new();
+    let mut rtts: Vec<u64> = Vec::new();
+    for r in results {
+        if !transports.contains(&r.transport.as_str()) {
+            transports.push(&r.transport);
+        }
+        let rtt = r.metric("rtt_ms").or_else(|| r.params["rtt_ms"].as_f64()).unwrap_or(0.0) as u64;
+        if r.skipped.is_none() && !rtts.contains(&rtt) {
+            rtts.push(rtt);
+        }
+    }
+    rtts.sort_unstable();
+    let mut b = Builder::default();
+    let mut header = vec!["RTT, ms".to_string(), "emulated RTT measured, ms".to_string()];
+    for t in &transports {
+        header.push(format!("{t} p50, ms"));
+        header.push(format!("{t} round trips"));
+    }
+    b.push_record(header);
+    for rtt in rtts {
+        let at: Vec<&&RunResult> = results.iter().filter(|r| r.metric("rtt_ms") == Some(rtt as f64)).collect();
+        let measured: Vec<f64> = at.iter().filter_map(|r| r.metric("measured_rtt_ms")).collect();
+        let mut row = vec![rtt.to_string(), cell(&measured, Format::Decimal)];
+        for t in &transports {
+            let of: Vec<&&&RunResult> = at.iter().filter(|r| r.transport == *t).collect();
+            let p50: Vec<f64> = of.iter().filter_map(|r| r.metric("p50_ms")).collect();
+            let trips: Vec<f64> = of.iter().filter_map(|r| r.metric("round_trips")).collect();
+            row.push(cell(&p50, Format::Decimal));
+            row.push(cell(&trips, Format::Decimal));
+        }
+        b.push_record(row);
+    }
+    let mut table = b.build();
+    table.with(Style::markdown());
+    let mut out = format!("### first-contact\n\n{table}\n");
+    for r in results {
+        if let Some(reason) = &r.skipped {
+            out.push_str(&format!("\n{}: does not apply: {reason}\n", r.transport));
+            break;
+        }
+    }
+    out
 }
 
 fn generic_columns(results: &[&RunResult]) -> Vec<Column> {

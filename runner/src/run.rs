@@ -39,6 +39,9 @@ pub struct RunArgs {
     /// Where runs keep their keys and stores (default: a temporary directory, removed at the end).
     #[arg(long)]
     pub work_dir: Option<PathBuf>,
+    /// Round trip times for first-contact, in milliseconds, comma-separated (default: the seed's 10,50,100).
+    #[arg(long, value_name = "MS[,MS...]", value_delimiter = ',')]
+    pub rtt: Vec<u64>,
     /// Override a workload parameter, KEY=VALUE (repeatable; applies to every workload that has the key).
     #[arg(long = "param", value_name = "KEY=VALUE")]
     pub params: Vec<String>,
@@ -70,7 +73,10 @@ pub fn parse_workloads(list: &str) -> Result<Vec<WorkloadKind>, String> {
 }
 
 fn implemented(kind: WorkloadKind) -> bool {
-    matches!(kind, WorkloadKind::Drain | WorkloadKind::Restart)
+    matches!(
+        kind,
+        WorkloadKind::Drain | WorkloadKind::Restart | WorkloadKind::FirstContact
+    )
 }
 
 fn implemented_names() -> String {
@@ -91,6 +97,8 @@ pub fn rotation(n: usize, round: u32) -> Vec<usize> {
 pub struct Plan {
     drain: workloads::drain::DrainParams,
     restart: workloads::restart::RestartParams,
+    first_contact: workloads::first_contact::FirstContactParams,
+    rtts: Vec<u64>,
 }
 
 /// Build the plan; an override that fits none of the chosen workloads is an error.
@@ -98,13 +106,25 @@ pub fn plan(
     profile: Profile,
     kinds: &[WorkloadKind],
     overrides: &[String],
+    rtts: &[u64],
 ) -> Result<Plan, String> {
+    use workloads::first_contact::{FirstContactParams, SEED_RTTS_MS};
     use workloads::harness::override_params;
-    let drain = workloads::drain::DrainParams::for_profile(profile);
-    let restart = workloads::restart::RestartParams::for_profile(profile);
+    let rtts = if rtts.is_empty() {
+        SEED_RTTS_MS.to_vec()
+    } else {
+        rtts.to_vec()
+    };
+    if let Some(bad) = rtts.iter().find(|&&r| r == 0 || r > 60_000) {
+        return Err(format!(
+            "--rtt {bad}: a round trip time must be between 1 and 60000 ms"
+        ));
+    }
     let mut plan = Plan {
-        drain: drain.clone(),
-        restart: restart.clone(),
+        drain: workloads::drain::DrainParams::for_profile(profile),
+        restart: workloads::restart::RestartParams::for_profile(profile),
+        first_contact: FirstContactParams::for_profile(profile, rtts[0]),
+        rtts,
     };
     for o in overrides {
         let one = std::slice::from_ref(o);
@@ -115,6 +135,9 @@ pub fn plan(
                 WorkloadKind::Drain => override_params(&plan.drain, one).map(|p| plan.drain = p),
                 WorkloadKind::Restart => {
                     override_params(&plan.restart, one).map(|p| plan.restart = p)
+                }
+                WorkloadKind::FirstContact => {
+                    override_params(&plan.first_contact, one).map(|p| plan.first_contact = p)
                 }
                 _ => Err(String::new()),
             };
@@ -176,39 +199,50 @@ pub async fn run(
     let mut results: Vec<RunResult> = Vec::new();
     let mut failures = 0;
     for kind in &kinds {
-        for round in 0..args.rounds {
-            for i in rotation(transports.len(), round) {
-                let t = transports[i].as_ref();
-                let r = match t.supports(*kind) {
-                    Support::No(reason) => {
-                        let mut r =
-                            harness.result(kind.name(), t.spec(), round, &serde_json::json!({}));
-                        r.skipped = Some(reason.to_string());
-                        r
-                    }
-                    Support::Yes => {
-                        eprintln!(
-                            "{kind} · {} · round {}/{}",
-                            t.spec(),
-                            round + 1,
-                            args.rounds
-                        );
-                        match run_one(&harness, &plan, *kind, t, round).await {
-                            Ok(r) => r,
-                            Err(e) => {
-                                eprintln!("error: {kind} {} round {round}: {e:#}", t.spec());
-                                failures += 1;
-                                continue;
+        // first-contact runs once per RTT; the others once.
+        let settings: Vec<Option<u64>> = match kind {
+            WorkloadKind::FirstContact => plan.rtts.iter().map(|r| Some(*r)).collect(),
+            _ => vec![None],
+        };
+        for setting in settings {
+            for round in 0..args.rounds {
+                for i in rotation(transports.len(), round) {
+                    let t = transports[i].as_ref();
+                    let r = match t.supports(*kind) {
+                        Support::No(reason) => {
+                            let mut r = harness.result(
+                                kind.name(),
+                                t.spec(),
+                                round,
+                                &serde_json::json!({}),
+                            );
+                            r.skipped = Some(reason.to_string());
+                            r
+                        }
+                        Support::Yes => {
+                            eprintln!(
+                                "{kind} · {} · round {}/{}",
+                                t.spec(),
+                                round + 1,
+                                args.rounds
+                            );
+                            match run_one(&harness, &plan, *kind, setting, t, round).await {
+                                Ok(r) => r,
+                                Err(e) => {
+                                    eprintln!("error: {kind} {} round {round}: {e:#}", t.spec());
+                                    failures += 1;
+                                    continue;
+                                }
                             }
                         }
+                    };
+                    if r.skipped.is_none() {
+                        eprintln!("  {}", summary(&r));
                     }
-                };
-                if r.skipped.is_none() {
-                    eprintln!("  {}", summary(&r));
+                    result::append(&out, std::slice::from_ref(&r))
+                        .with_context(|| format!("writing {}", out.display()))?;
+                    results.push(r);
                 }
-                result::append(&out, std::slice::from_ref(&r))
-                    .with_context(|| format!("writing {}", out.display()))?;
-                results.push(r);
             }
         }
     }
@@ -224,10 +258,16 @@ async fn run_one(
     h: &Harness,
     plan: &Plan,
     kind: WorkloadKind,
+    setting: Option<u64>,
     t: &dyn Transport,
     round: u32,
 ) -> Result<RunResult> {
     Ok(match kind {
+        WorkloadKind::FirstContact => {
+            let mut p = plan.first_contact.clone();
+            p.rtt_ms = setting.unwrap_or(p.rtt_ms);
+            workloads::first_contact::run(h, t, round, &p).await?
+        }
         WorkloadKind::Drain => workloads::drain::run(h, t, round, &plan.drain).await?,
         WorkloadKind::Restart => workloads::restart::run(h, t, round, &plan.restart).await?,
         other => bail!("workload `{other}` is not implemented yet"),
@@ -237,6 +277,9 @@ async fn run_one(
 fn summary(r: &RunResult) -> String {
     let keys = [
         "orders_per_second",
+        "rtt_ms",
+        "p50_ms",
+        "round_trips",
         "up_ms",
         "stall_bins",
         "catch_up_s",

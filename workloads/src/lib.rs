@@ -7,12 +7,14 @@
 //! - [`harness`]: directories, the server process, the fleet, provenance: what every workload shares.
 //! - [`drain`]: orders pile up while the server is stopped, then drain.
 //! - [`restart`]: devices send on a schedule; the server is killed and started again.
+//! - [`first_contact`]: one order to each of many peers never met, over the link emulator at a set RTT.
 //! - [`result`]: the result contract and the JSON Lines files.
 //! - [`hist`]: HDR histograms kept whole in results.
 //! - [`emulator`]: a userspace link emulator (delay) for UDP and TCP.
 
 pub mod drain;
 pub mod emulator;
+pub mod first_contact;
 pub mod harness;
 pub mod hist;
 pub mod restart;

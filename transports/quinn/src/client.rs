@@ -50,7 +50,7 @@ impl QuinnConnector {
             SocketAddr::V6(_) => (Ipv6Addr::UNSPECIFIED, 0).into(),
         };
         let socket = std::net::UdpSocket::bind(bind)?;
-        transport_core::net::set_buffers(&socket, crate::SOCKET_BUFFER)?;
+        transport_core::net::set_buffers(&socket, crate::CLIENT_SOCKET_BUFFER)?;
         let endpoint = Endpoint::new(
             quinn::EndpointConfig::default(),
             None,

@@ -16,7 +16,7 @@ use std::sync::Arc;
 use std::time::Duration;
 use tokio::task::JoinSet;
 use transport_core::framing::{self, Frame, FrameError};
-use transport_core::store::StoreHandle;
+use transport_core::store::{StoreError, StoreHandle};
 use transport_core::{sender_id, tls, Counters, Ready, ServeConfig, TransportError};
 
 /// Application error codes the server closes or resets with.
@@ -130,7 +130,7 @@ pub async fn serve(config: ServeConfig) -> Result<(), TransportError> {
     // Resets are always smaller than the packet that caused them, so they cannot loop.
     endpoint_config.min_reset_interval(Duration::ZERO);
     let socket = std::net::UdpSocket::bind(listen)?;
-    transport_core::net::set_buffers(&socket, crate::SOCKET_BUFFER)?;
+    transport_core::net::set_buffers(&socket, crate::SERVER_SOCKET_BUFFER)?;
     let endpoint = Endpoint::new(
         endpoint_config,
         Some(server_config),
@@ -233,6 +233,11 @@ async fn order_stream(
         match store.commit(vec![order]).await {
             // Applied now or before: either way it is stored.
             Ok(_) => Frame::Stored(id),
+            // Never storable: refuse it rather than have it sent again forever.
+            Err(StoreError::PayloadTooLarge { .. }) => {
+                Counters::inc(&counters.refused_malformed);
+                Frame::Refused(id)
+            }
             Err(_) => {
                 let _ = send.reset(codes::STORE_FAILED);
                 return;

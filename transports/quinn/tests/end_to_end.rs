@@ -396,3 +396,51 @@ async fn a_device_from_another_ca_is_refused() {
     let audit = store::audit(&setup.store_dir, &[], &[]).unwrap();
     assert_eq!(audit.applied, 0);
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn orders_in_another_devices_name_or_too_large_to_store_are_refused() {
+    use transport_core::connfleet::Answer;
+    let setup = setup(2);
+    let server = Server::start(
+        &setup.identity,
+        &setup.store_dir,
+        "127.0.0.1:0".parse().unwrap(),
+    );
+    let credentials = Arc::new(DeviceCredentials::load(&setup.identity).unwrap());
+    let connector = transport_quinn::QuinnConnector::new(
+        server.addr,
+        credentials,
+        2,
+        Arc::new(Counters::default()),
+    )
+    .unwrap();
+    let conn = connector.connect(0).await.unwrap();
+    // Device 0 sending in device 1's name.
+    let spoofed = order(1, 0);
+    assert_eq!(
+        connector.send_order(&conn, &spoofed).await.unwrap(),
+        Answer::Refused(spoofed.id)
+    );
+    // A payload larger than a store record can hold.
+    let mut huge = order(0, 1);
+    huge.payload = vec![7; transport_core::store::MAX_PAYLOAD + 1];
+    assert_eq!(
+        connector.send_order(&conn, &huge).await.unwrap(),
+        Answer::Refused(huge.id)
+    );
+    // The connection is still good for a proper order.
+    let fine = order(0, 2);
+    assert_eq!(
+        connector.send_order(&conn, &fine).await.unwrap(),
+        Answer::Stored(fine.id)
+    );
+
+    let s = server.kill().await;
+    assert_eq!(
+        (s.refused_unknown, s.refused_malformed, s.received),
+        (1, 1, 3),
+        "{s:?}"
+    );
+    let audit = store::audit(&setup.store_dir, &[fine.id], &[fine.id]).unwrap();
+    assert!(audit.is_clean() && audit.applied == 1, "{audit:?}");
+}

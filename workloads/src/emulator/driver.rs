@@ -116,27 +116,20 @@ fn run<R: Relay>(mut poll: Poll, mut waiter: Waiter, mut relay: R, stop: &Atomic
 }
 
 /// Delivers everything that is due. If the next due time is closer than the timer's lead, spins for it and
-/// delivers once more, then returns `true` so the sockets are checked before spinning again (a steady stream of
-/// packets must not keep the thread from reading). Otherwise arms the timer for the next due time.
-fn deliver_due<R: Relay>(
-    relay: &mut R,
-    queue: &mut Queue<R::Item>,
-    waiter: &mut Waiter,
-) -> io::Result<bool> {
+/// delivers once more; if the one after is close too, returns `true` so the sockets are checked before spinning
+/// again (a steady stream of packets must not keep the thread from reading). Otherwise arms the timer for the next
+/// due time, or disarms it when nothing is queued.
+fn deliver_due<R: Relay>(relay: &mut R, queue: &mut Queue<R::Item>, waiter: &mut Waiter) -> io::Result<bool> {
     deliver_until(relay, queue, clock::now());
-    let Some(due) = queue.next_due() else {
-        waiter.disarm()?;
-        return Ok(false);
-    };
-    if due > clock::now() + waiter.lead() {
-        waiter.arm(due)?;
-        return Ok(false);
+    if let Some(due) = queue.next_due().filter(|&due| due <= clock::now() + waiter.lead()) {
+        clock::spin_until(due);
+        deliver_until(relay, queue, clock::now());
     }
-    clock::spin_until(due);
-    deliver_until(relay, queue, clock::now());
-    Ok(queue
-        .next_due()
-        .is_some_and(|due| due <= clock::now() + waiter.lead()))
+    match queue.next_due() {
+        None => waiter.disarm().map(|()| false),
+        Some(due) if due > clock::now() + waiter.lead() => waiter.arm(due).map(|()| false),
+        Some(_) => Ok(true),
+    }
 }
 
 fn deliver_until<R: Relay>(relay: &mut R, queue: &mut Queue<R::Item>, now: sys::Nanos) {

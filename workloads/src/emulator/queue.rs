@@ -43,10 +43,6 @@ impl<T> Queue<T> {
         }
         self.heap.pop().map(|entry| entry.item)
     }
-
-    pub(crate) fn len(&self) -> usize {
-        self.heap.len()
-    }
 }
 
 // BinaryHeap is a max-heap: the entry that is due first compares greatest.
@@ -87,6 +83,6 @@ mod tests {
         assert_eq!(queue.pop_due(25), Some("b"));
         assert_eq!(queue.pop_due(25), Some("x"));
         assert_eq!(queue.pop_due(25), None);
-        assert_eq!(queue.len(), 1);
+        assert_eq!(queue.next_due(), Some(30));
     }
 }
