@@ -4,6 +4,7 @@
 //! the server side of one transport (the runner starts it as a child process); `runner report` renders tables from
 //! results files; `runner list` names the transports and workloads.
 
+mod check;
 mod provenance;
 mod registry;
 mod report;
@@ -41,6 +42,25 @@ enum Command {
         #[arg(required = true)]
         files: Vec<PathBuf>,
     },
+    /// Check results: hard invariants, and ratios measured in the same run against a baseline.
+    Check {
+        /// JSON Lines results files to check.
+        #[arg(required = true)]
+        files: Vec<PathBuf>,
+        /// A results file whose same-run ratios the checked results must not fall behind.
+        #[arg(long)]
+        baseline: Option<PathBuf>,
+        /// How much worse than the baseline's a ratio may be (0.25 = 25%).
+        #[arg(long, default_value_t = 0.25)]
+        tolerance: f64,
+    },
+    /// Compare the medians of two results files.
+    Compare {
+        /// The earlier results.
+        a: PathBuf,
+        /// The later results.
+        b: PathBuf,
+    },
     /// List the transports and workloads.
     List,
 }
@@ -66,6 +86,12 @@ fn main() -> ExitCode {
     match cli.command {
         Some(Command::Serve(args)) => finish(serve::run(args)),
         Some(Command::Report { files }) => finish(report_files(&files)),
+        Some(Command::Check {
+            files,
+            baseline,
+            tolerance,
+        }) => finish_check(&files, baseline.as_deref(), tolerance),
+        Some(Command::Compare { a, b }) => finish(compare_files(&a, &b)),
         Some(Command::List) => {
             list();
             ExitCode::SUCCESS
@@ -117,11 +143,48 @@ fn finish(r: Result<()>) -> ExitCode {
 }
 
 fn report_files(files: &[PathBuf]) -> Result<()> {
+    let all = read_all(files)?;
+    print!("{}", report::render(&all));
+    Ok(())
+}
+
+fn read_all(files: &[PathBuf]) -> Result<Vec<workloads::result::RunResult>> {
     let mut all = Vec::new();
     for f in files {
         all.extend(workloads::result::read(f)?);
     }
-    print!("{}", report::render(&all));
+    Ok(all)
+}
+
+fn finish_check(files: &[PathBuf], baseline: Option<&std::path::Path>, tolerance: f64) -> ExitCode {
+    if !(0.0..=10.0).contains(&tolerance) {
+        return usage("--tolerance must be between 0 and 10");
+    }
+    let run = || -> Result<bool> {
+        let current = read_all(files)?;
+        let mut checks = check::invariants(&current);
+        if let Some(b) = baseline {
+            let base = workloads::result::read(b)?;
+            checks.extend(check::against_baseline(&current, &base, tolerance));
+        }
+        println!("{}", check::render(&checks));
+        let failed = checks.iter().filter(|c| !c.ok).count();
+        eprintln!("{} checks, {failed} failed", checks.len());
+        Ok(failed == 0)
+    };
+    match run() {
+        Ok(true) => ExitCode::SUCCESS,
+        Ok(false) => ExitCode::FAILURE,
+        Err(e) => {
+            eprintln!("error: {e:#}");
+            ExitCode::from(USAGE)
+        }
+    }
+}
+
+fn compare_files(a: &std::path::Path, b: &std::path::Path) -> Result<()> {
+    let (ra, rb) = (workloads::result::read(a)?, workloads::result::read(b)?);
+    println!("{}", check::compare(&ra, &rb));
     Ok(())
 }
 

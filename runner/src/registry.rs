@@ -6,14 +6,20 @@ use transport_core::Transport;
 pub fn variants() -> Vec<(&'static str, &'static str)> {
     let mut v = Vec::new();
     v.extend_from_slice(transport_pure::VARIANTS);
+    v.extend_from_slice(transport_quinn::VARIANTS);
     v.extend_from_slice(transport_mqtt::VARIANTS);
     v
 }
 
 /// The transport for a spec such as `pure:plain`.
 pub fn transport(spec: &str) -> Result<Box<dyn Transport>, String> {
-    let found =
-        transport_pure::transport(spec).or_else(|| transport_mqtt::transport_for_spec(spec));
+    let found = transport_pure::transport(spec)
+        .or_else(|| {
+            (spec == "quinn")
+                .then(|| transport_quinn::transport(None))
+                .flatten()
+        })
+        .or_else(|| transport_mqtt::transport_for_spec(spec));
     found.ok_or_else(|| {
         let names: Vec<_> = variants().iter().map(|(n, _)| *n).collect();
         format!(

@@ -141,22 +141,34 @@ fn render_first_contact(results: &[&RunResult]) -> String {
         if !transports.contains(&r.transport.as_str()) {
             transports.push(&r.transport);
         }
-        let rtt = r.metric("rtt_ms").or_else(|| r.params["rtt_ms"].as_f64()).unwrap_or(0.0) as u64;
+        let rtt = r
+            .metric("rtt_ms")
+            .or_else(|| r.params["rtt_ms"].as_f64())
+            .unwrap_or(0.0) as u64;
         if r.skipped.is_none() && !rtts.contains(&rtt) {
             rtts.push(rtt);
         }
     }
     rtts.sort_unstable();
     let mut b = Builder::default();
-    let mut header = vec!["RTT, ms".to_string(), "emulated RTT measured, ms".to_string()];
+    let mut header = vec![
+        "RTT, ms".to_string(),
+        "emulated RTT measured, ms".to_string(),
+    ];
     for t in &transports {
         header.push(format!("{t} p50, ms"));
         header.push(format!("{t} round trips"));
     }
     b.push_record(header);
     for rtt in rtts {
-        let at: Vec<&&RunResult> = results.iter().filter(|r| r.metric("rtt_ms") == Some(rtt as f64)).collect();
-        let measured: Vec<f64> = at.iter().filter_map(|r| r.metric("measured_rtt_ms")).collect();
+        let at: Vec<&&RunResult> = results
+            .iter()
+            .filter(|r| r.metric("rtt_ms") == Some(rtt as f64))
+            .collect();
+        let measured: Vec<f64> = at
+            .iter()
+            .filter_map(|r| r.metric("measured_rtt_ms"))
+            .collect();
         let mut row = vec![rtt.to_string(), cell(&measured, Format::Decimal)];
         for t in &transports {
             let of: Vec<&&&RunResult> = at.iter().filter(|r| r.transport == *t).collect();

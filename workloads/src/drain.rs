@@ -188,7 +188,10 @@ pub async fn run(
     m.insert("timed_out".into(), u64::from(timed_out).into());
     let server_cpu = (cpu1 - cpu0).max(0.0);
     m.insert("server_cpu_s".into(), server_cpu.into());
-    m.insert("server_cpu_us_per_order".into(), (server_cpu * 1e6 / drained.max(1.0)).into());
+    m.insert(
+        "server_cpu_us_per_order".into(),
+        (server_cpu * 1e6 / drained.max(1.0)).into(),
+    );
     m.insert("client_cpu_s".into(), (self1 - self0).as_secs_f64().into());
     put_counters(&mut r, "server_", &after.since(&before));
     put_counters(&mut r, "client_", &client);

@@ -124,8 +124,9 @@ pub struct DelayStats {
     pub max_us: f64,
     /// The configured one-way delay, microseconds.
     pub setting_us: f64,
-    /// Datagrams or chunks not delivered: the kernel refused the send (UDP: socket buffer full, or no socket could
-    /// be opened for a new client; TCP: the destination was reset).
+    /// Datagrams or chunks lost in the emulator: UDP datagrams the kernel dropped on the emulator's receiving
+    /// socket (buffer full: the emulator fell behind), refused to send (buffer full), or that came from a new
+    /// client for whom no socket could be opened; TCP chunks whose destination was reset.
     pub dropped: u64,
     /// TCP chunks that waited past their due time because the destination could not take them yet (the emulated
     /// handshake was not complete, or the receiver's window was full). They are delivered, in order, as soon as it

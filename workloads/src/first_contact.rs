@@ -39,7 +39,12 @@ impl FirstContactParams {
             harness::Profile::Seed => 100,
             harness::Profile::Quick => 20,
         };
-        FirstContactParams { peers, rtt_ms, payload_bytes: 64, timeout_s: 10 }
+        FirstContactParams {
+            peers,
+            rtt_ms,
+            payload_bytes: 64,
+            timeout_s: 10,
+        }
     }
 }
 
@@ -89,7 +94,11 @@ pub async fn run(
             run: harness::new_run(),
             seq: 0,
         };
-        let order = Order { id, made_us: harness::unix_us(), payload: harness::payload(&id, p.payload_bytes as usize) };
+        let order = Order {
+            id,
+            made_us: harness::unix_us(),
+            payload: harness::payload(&id, p.payload_bytes as usize),
+        };
         made.push(id);
         let t0 = Instant::now();
         f.fleet.send(d, order);
@@ -117,7 +126,11 @@ pub async fn run(
     let measured = {
         let (u, t) = (link.udp.measured(), link.tcp.measured());
         // Whichever carried the traffic.
-        let m = if u.to_server.packets >= t.to_server.packets { u } else { t };
+        let m = if u.to_server.packets >= t.to_server.packets {
+            u
+        } else {
+            t
+        };
         (m.to_server.p50_us + m.to_client.p50_us) / 1e3
     };
     let audit = transport_core::store::audit(&dirs.store, &made, &acked)?;
@@ -134,7 +147,8 @@ pub async fn run(
     m.insert("client_asym_ops".into(), client.asym_ops().into());
     m.insert("lost".into(), audit.lost.into());
     m.insert("duplicates".into(), audit.duplicates.into());
-    r.histograms.insert("time_to_stored".into(), hist::encode(&times));
+    r.histograms
+        .insert("time_to_stored".into(), hist::encode(&times));
     harness::clean(&dirs, false);
     Ok(r)
 }

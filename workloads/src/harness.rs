@@ -222,7 +222,9 @@ pub async fn server_counters(server: &mut ServerProcess) -> CounterSnapshot {
 pub async fn server_stats(server: &mut ServerProcess) -> (CounterSnapshot, f64) {
     match server.stats().await {
         Ok(v) => (
-            v.get("counters").and_then(|c| serde_json::from_value(c.clone()).ok()).unwrap_or_default(),
+            v.get("counters")
+                .and_then(|c| serde_json::from_value(c.clone()).ok())
+                .unwrap_or_default(),
             v.get("cpu_s").and_then(|c| c.as_f64()).unwrap_or(0.0),
         ),
         Err(_) => (CounterSnapshot::default(), 0.0),

@@ -147,7 +147,11 @@ fn udp_delay_is_accurate(one_way: Duration) {
     // The client may read the last answer before the emulator has recorded it.
     thread::sleep(Duration::from_millis(20));
     let measured = emulator.measured();
-    assert_eq!(relayed.len() as u64, count, "every ping answered through the emulator: {measured:?}");
+    assert_eq!(
+        relayed.len() as u64,
+        count,
+        "every ping answered through the emulator: {measured:?}"
+    );
 
     assert_accurate("udp to server", &measured.to_server, one_way);
     assert_accurate("udp to client", &measured.to_client, one_way);
@@ -216,9 +220,13 @@ fn many_udp_clients_are_kept_apart() {
             socket
         })
         .collect();
+    // Ten clients a millisecond, as devices coming up over a fraction of a second.
     for round in 0..PER_CLIENT {
         for (i, client) in clients.iter().enumerate() {
             client.send(format!("{i}/{round}").as_bytes()).unwrap();
+            if i % 10 == 9 {
+                thread::sleep(Duration::from_millis(1));
+            }
         }
     }
     let mut got = vec![0usize; CLIENTS];
@@ -412,6 +420,68 @@ fn tcp_bytes_arrive_intact_in_order_and_delayed() {
 }
 
 #[test]
+fn tcp_slow_reader_pushes_back_and_gets_every_byte() {
+    let listener = TcpListener::bind(LOCALHOST).unwrap();
+    let upstream = listener.local_addr().unwrap();
+    let emulator =
+        TcpEmulator::start(upstream, LinkConfig::with_delay(Duration::from_millis(1))).unwrap();
+    let (go, wait) = std::sync::mpsc::channel::<()>();
+    let server = thread::spawn(move || {
+        let (mut stream, _) = listener.accept().unwrap();
+        // Read nothing until told: the emulator must stop reading from the client.
+        wait.recv().unwrap();
+        let mut all = Vec::new();
+        stream.read_to_end(&mut all).unwrap();
+        all
+    });
+
+    let mut client = TcpStream::connect(emulator.addr()).unwrap();
+    client.set_nonblocking(true).unwrap();
+    let block = pattern(251 * 1024);
+    let mut written = 0usize;
+    let mut last_progress = Instant::now();
+    while last_progress.elapsed() < Duration::from_millis(300) {
+        assert!(written < 256 << 20, "the emulator buffers without bound");
+        match client.write(&block[written % 251..]) {
+            Ok(n) => {
+                written += n;
+                last_progress = Instant::now();
+            }
+            Err(e) if e.kind() == io::ErrorKind::WouldBlock => {
+                thread::sleep(Duration::from_millis(5))
+            }
+            Err(e) => panic!("{e}"),
+        }
+    }
+    eprintln!(
+        "tcp: the client could write {} KiB before the slow reader pushed back",
+        written >> 10
+    );
+
+    go.send(()).unwrap();
+    client.set_nonblocking(false).unwrap();
+    let more = 1 << 20;
+    let end = written + more;
+    while written < end {
+        let n = client
+            .write(&block[written % 251..(written % 251) + (end - written).min(block.len() - 251)])
+            .unwrap();
+        written += n;
+    }
+    client.shutdown(Shutdown::Write).unwrap();
+    let all = server.join().unwrap();
+    assert_eq!(all.len(), written);
+    assert!(
+        all.iter().enumerate().all(|(i, &b)| b == (i % 251) as u8),
+        "bytes out of order"
+    );
+    assert!(
+        emulator.measured().to_server.held > 0,
+        "some chunks waited for the reader"
+    );
+}
+
+#[test]
 fn tcp_server_close_and_reset_reach_the_client() {
     let listener = TcpListener::bind(LOCALHOST).unwrap();
     let upstream = listener.local_addr().unwrap();
@@ -510,4 +580,86 @@ fn bad_config_is_an_error() {
         TcpEmulator::start(upstream, config).err().unwrap().kind(),
         io::ErrorKind::InvalidInput
     );
+}
+
+/// Offers 20, 50 and 100 thousand datagrams a second for a second each and prints what came back, the added
+/// delay, and the CPU time of the emulator's thread. Not a pass/fail test: run it on a quiet machine with
+/// `cargo test --release -p workloads --test emulator -- --ignored --nocapture udp_capacity`.
+#[test]
+#[ignore]
+fn udp_capacity() {
+    let server = EchoServer::start();
+    for rate in [20_000u64, 50_000, 100_000] {
+        let one_way = Duration::from_millis(10);
+        let emulator = UdpEmulator::start(server.addr, LinkConfig::with_delay(one_way)).unwrap();
+        let socket = UdpSocket::bind(LOCALHOST).unwrap();
+        socket.connect(emulator.addr()).unwrap();
+        socket
+            .set_read_timeout(Some(Duration::from_millis(300)))
+            .unwrap();
+        let cpu_before = emulator_cpu();
+        let sender = thread::spawn({
+            let socket = socket.try_clone().unwrap();
+            move || {
+                let start = Instant::now();
+                for ms in 0..1000 {
+                    for _ in 0..rate / 1000 {
+                        let _ = socket.send(&[0u8; 64]);
+                    }
+                    thread::sleep(
+                        (start + Duration::from_millis(ms + 1))
+                            .saturating_duration_since(Instant::now()),
+                    );
+                }
+            }
+        });
+        let mut received = 0u64;
+        let mut buf = [0u8; 128];
+        while socket.recv(&mut buf).is_ok() {
+            received += 1;
+        }
+        sender.join().unwrap();
+        let cpu = emulator_cpu() - cpu_before;
+        let m = emulator.measured();
+        eprintln!(
+            "{rate}/s offered: {received} echoed; to server p50 {:.1} p99 {:.1} max {:.1} us ({} dropped); \
+             to client p50 {:.1} p99 {:.1} max {:.1} us ({} dropped); emulator thread {:.2} s of CPU for 1 s of traffic",
+            m.to_server.p50_us,
+            m.to_server.p99_us,
+            m.to_server.max_us,
+            m.to_server.dropped,
+            m.to_client.p50_us,
+            m.to_client.p99_us,
+            m.to_client.max_us,
+            m.to_client.dropped,
+            cpu.as_secs_f64(),
+        );
+    }
+}
+
+/// CPU time (user + system) of this process's threads named `udp-emulator`, from `/proc/self/task`.
+fn emulator_cpu() -> Duration {
+    let ticks_per_second = unsafe { libc::sysconf(libc::_SC_CLK_TCK) } as f64;
+    let mut ticks = 0u64;
+    for task in std::fs::read_dir("/proc/self/task").unwrap().flatten() {
+        let comm = std::fs::read_to_string(task.path().join("comm")).unwrap_or_default();
+        if comm.trim() != "udp-emulator" {
+            continue;
+        }
+        let stat = std::fs::read_to_string(task.path().join("stat")).unwrap_or_default();
+        // Fields after the parenthesized name; utime and stime are the 14th and 15th of the whole line.
+        let fields: Vec<&str> = stat
+            .rsplit_once(')')
+            .map(|(_, rest)| rest.split_whitespace().collect())
+            .unwrap_or_default();
+        ticks += fields
+            .get(11)
+            .and_then(|f| f.parse::<u64>().ok())
+            .unwrap_or(0);
+        ticks += fields
+            .get(12)
+            .and_then(|f| f.parse::<u64>().ok())
+            .unwrap_or(0);
+    }
+    Duration::from_secs_f64(ticks as f64 / ticks_per_second)
 }

@@ -33,7 +33,6 @@ use crate::order::{Order, OrderId};
 use crate::transport::{BoxFuture, Fleet, LinkEvent};
 use crate::TransportError;
 use futures::stream::{FuturesUnordered, StreamExt};
-use std::future::Future;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
@@ -496,12 +495,10 @@ async fn wait_for(closed: &mut Option<BoxFuture<'static, ()>>) {
     }
 }
 
-fn sleep_until(at: Option<Instant>) -> impl Future<Output = ()> {
-    async move {
-        match at {
-            Some(at) => tokio::time::sleep_until(at).await,
-            None => std::future::pending().await,
-        }
+async fn sleep_until(at: Option<Instant>) {
+    match at {
+        Some(at) => tokio::time::sleep_until(at).await,
+        None => std::future::pending().await,
     }
 }
 

@@ -9,6 +9,9 @@
 //! - [`keys`]: key and credential files (mode 0600) and hex encoding.
 //! - [`net`]: socket settings shared by the UDP transports.
 //! - [`framing`]: length-prefixed orders and answers over any byte stream (QUIC streams, TLS over TCP).
+//! - [`tls`]: the PKI (CA, server and device certificates) and the rustls configuration every TLS transport shares,
+//!   counting asymmetric operations where they happen.
+//! - [`connfleet`]: the client-side fleet of every connection-oriented transport (re-send and reconnect policy).
 //! - [`process`]: starting, stopping, continuing and killing server processes, never leaving one behind.
 //! - [`sample`]: CPU time and memory of a process from `/proc`.
 

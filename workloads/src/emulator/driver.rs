@@ -119,9 +119,16 @@ fn run<R: Relay>(mut poll: Poll, mut waiter: Waiter, mut relay: R, stop: &Atomic
 /// delivers once more; if the one after is close too, returns `true` so the sockets are checked before spinning
 /// again (a steady stream of packets must not keep the thread from reading). Otherwise arms the timer for the next
 /// due time, or disarms it when nothing is queued.
-fn deliver_due<R: Relay>(relay: &mut R, queue: &mut Queue<R::Item>, waiter: &mut Waiter) -> io::Result<bool> {
+fn deliver_due<R: Relay>(
+    relay: &mut R,
+    queue: &mut Queue<R::Item>,
+    waiter: &mut Waiter,
+) -> io::Result<bool> {
     deliver_until(relay, queue, clock::now());
-    if let Some(due) = queue.next_due().filter(|&due| due <= clock::now() + waiter.lead()) {
+    if let Some(due) = queue
+        .next_due()
+        .filter(|&due| due <= clock::now() + waiter.lead())
+    {
         clock::spin_until(due);
         deliver_until(relay, queue, clock::now());
     }

@@ -16,53 +16,73 @@ pub(crate) enum Direction {
     ToClient = 1,
 }
 
-/// Largest delay recorded exactly (longer ones are recorded as this): ten minutes, in nanoseconds.
+/// Largest excess over the setting recorded exactly (larger ones are recorded as this): ten minutes, in ns.
 const HIGHEST: u64 = 600_000_000_000;
 
 /// What one direction recorded.
+///
+/// The histogram holds each packet's delay *minus the setting*, so its 3 significant digits apply to the small
+/// excess (tens of microseconds, resolved to tens of nanoseconds) rather than to the whole delay (where they would
+/// leave buckets of 30 µs at 50 ms). Quantiles are unchanged by the shift: the setting is added back when reading.
+/// Nothing is delivered before its due time, so no delay is below the setting; a link model with negative jitter
+/// will need a lower base.
 pub(crate) struct Recorder {
-    /// Added delays in nanoseconds, 3 significant digits.
-    delay: Histogram<u64>,
+    /// The setting, nanoseconds.
+    base: Nanos,
+    /// Added delay minus `base`, nanoseconds.
+    excess: Histogram<u64>,
+    /// Sum of the added delays, for an exact mean.
+    sum: u128,
+    /// Largest added delay.
+    max: Nanos,
     pub(crate) dropped: u64,
     pub(crate) held: u64,
 }
 
 impl Recorder {
-    fn new() -> io::Result<Self> {
-        let delay = Histogram::new_with_bounds(1, HIGHEST, 3).map_err(io::Error::other)?;
+    fn new(base: Nanos) -> io::Result<Self> {
+        let excess = Histogram::new_with_bounds(1, HIGHEST, 3).map_err(io::Error::other)?;
         Ok(Self {
-            delay,
+            base,
+            excess,
+            sum: 0,
+            max: 0,
             dropped: 0,
             held: 0,
         })
     }
 
-    /// Records a packet delivered at `sent` that was received at `received`.
+    /// Records a packet handed to the kernel at `sent` that was received at `received`.
     pub(crate) fn delivered(&mut self, received: Nanos, sent: Nanos) {
-        self.delay.saturating_record(sent.saturating_sub(received));
+        let delay = sent.saturating_sub(received);
+        self.excess
+            .saturating_record(delay.saturating_sub(self.base));
+        self.sum += u128::from(delay);
+        self.max = self.max.max(delay);
     }
 
-    fn stats(&self, setting: Nanos) -> DelayStats {
+    fn stats(&self) -> DelayStats {
         let us = |nanos: f64| nanos / 1_000.0;
-        let empty = self.delay.is_empty();
+        let packets = self.excess.len();
         let quantile = |q: f64| {
-            if empty {
+            if packets == 0 {
                 0.0
             } else {
-                us(self.delay.value_at_quantile(q) as f64)
+                // A bucket's highest value can pass the exact maximum.
+                us((self.base + self.excess.value_at_quantile(q)).min(self.max) as f64)
             }
         };
         DelayStats {
-            packets: self.delay.len(),
-            mean_us: if empty { 0.0 } else { us(self.delay.mean()) },
-            p50_us: quantile(0.5),
-            p99_us: quantile(0.99),
-            max_us: if empty {
+            packets,
+            mean_us: if packets == 0 {
                 0.0
             } else {
-                us(self.delay.max() as f64)
+                us(self.sum as f64 / packets as f64)
             },
-            setting_us: us(setting as f64),
+            p50_us: quantile(0.5),
+            p99_us: quantile(0.99),
+            max_us: us(self.max as f64),
+            setting_us: us(self.base as f64),
             dropped: self.dropped,
             held: self.held,
         }
@@ -72,7 +92,6 @@ impl Recorder {
 /// Shared between an emulator's thread, which records, and its handle, which reads.
 pub(crate) struct Shared {
     directions: Mutex<[Recorder; 2]>,
-    setting: Nanos,
     flows: AtomicU64,
     flow_errors: AtomicU64,
 }
@@ -80,8 +99,7 @@ pub(crate) struct Shared {
 impl Shared {
     pub(crate) fn new(setting: Nanos) -> io::Result<Self> {
         Ok(Self {
-            directions: Mutex::new([Recorder::new()?, Recorder::new()?]),
-            setting,
+            directions: Mutex::new([Recorder::new(setting)?, Recorder::new(setting)?]),
             flows: AtomicU64::new(0),
             flow_errors: AtomicU64::new(0),
         })
@@ -105,8 +123,8 @@ impl Shared {
     pub(crate) fn measurement(&self) -> LinkMeasurement {
         let directions = self.lock();
         LinkMeasurement {
-            to_server: directions[Direction::ToServer as usize].stats(self.setting),
-            to_client: directions[Direction::ToClient as usize].stats(self.setting),
+            to_server: directions[Direction::ToServer as usize].stats(),
+            to_client: directions[Direction::ToClient as usize].stats(),
             flows: self.flows.load(Ordering::Relaxed),
             flow_errors: self.flow_errors.load(Ordering::Relaxed),
         }

@@ -152,6 +152,17 @@ pub(crate) fn enable_receive_timestamps(socket: &impl AsFd) -> io::Result<()> {
     )
 }
 
+/// Makes the kernel report, with every datagram read, how many datagrams it has dropped on this socket for want
+/// of buffer space (`SO_RXQ_OVFL`), so those drops can be counted too.
+pub(crate) fn enable_drop_count(socket: &impl AsFd) -> io::Result<()> {
+    setsockopt(
+        socket.as_fd(),
+        libc::SOL_SOCKET,
+        libc::SO_RXQ_OVFL,
+        &(1 as libc::c_int),
+    )
+}
+
 /// Makes `close` send a reset instead of a FIN.
 pub(crate) fn set_linger_zero(socket: &impl AsFd) -> io::Result<()> {
     let linger = libc::linger {
@@ -177,13 +188,16 @@ pub(crate) struct Received {
     pub(crate) from: Option<SocketAddr>,
     /// The kernel's receive timestamp on `CLOCK_REALTIME` (for TCP, that of the last segment read).
     pub(crate) kernel_time: Option<Nanos>,
+    /// Datagrams the kernel has dropped on this socket since it was opened (with [`enable_drop_count`]).
+    pub(crate) kernel_drops: Option<u32>,
 }
 
 /// `recvmsg` with the sender's address and the `SO_TIMESTAMPNS` control message. Never blocks.
 pub(crate) fn recv_timestamped(socket: &impl AsFd, buf: &mut [u8]) -> io::Result<Received> {
     // SAFETY: sockaddr_storage and msghdr are plain C structs for which all zeroes is a valid value.
     let mut name: libc::sockaddr_storage = unsafe { mem::zeroed() };
-    // u64 elements keep the control buffer aligned for cmsghdr; 64 bytes hold a timestamp message with room.
+    // u64 elements keep the control buffer aligned for cmsghdr; 64 bytes hold a timestamp message (32) and a
+    // drop count (20).
     let mut control = [0u64; 8];
     let mut iov = libc::iovec {
         iov_base: buf.as_mut_ptr().cast(),
@@ -205,8 +219,9 @@ pub(crate) fn recv_timestamped(socket: &impl AsFd, buf: &mut [u8]) -> io::Result
     }
 
     let mut kernel_time = None;
-    // SAFETY: the kernel filled `msg_controllen` bytes of `control`; the CMSG macros stay within them, and the
-    // timestamp is read unaligned from the data of a message whose type says it is a timespec.
+    let mut kernel_drops = None;
+    // SAFETY: the kernel filled `msg_controllen` bytes of `control`; the CMSG macros stay within them, and each
+    // value is read unaligned from the data of a message whose type says what it holds.
     unsafe {
         let mut cmsg = libc::CMSG_FIRSTHDR(&msg);
         while !cmsg.is_null() {
@@ -214,6 +229,12 @@ pub(crate) fn recv_timestamped(socket: &impl AsFd, buf: &mut [u8]) -> io::Result
             {
                 let ts = std::ptr::read_unaligned(libc::CMSG_DATA(cmsg).cast::<libc::timespec>());
                 kernel_time = Some(timespec_to_nanos(&ts));
+            } else if (*cmsg).cmsg_level == libc::SOL_SOCKET
+                && (*cmsg).cmsg_type == libc::SO_RXQ_OVFL
+            {
+                kernel_drops = Some(std::ptr::read_unaligned(
+                    libc::CMSG_DATA(cmsg).cast::<u32>(),
+                ));
             }
             cmsg = libc::CMSG_NXTHDR(&msg, cmsg);
         }
@@ -223,6 +244,7 @@ pub(crate) fn recv_timestamped(socket: &impl AsFd, buf: &mut [u8]) -> io::Result
         len: n as usize,
         from: socket_addr(&name, msg.msg_namelen),
         kernel_time,
+        kernel_drops,
     })
 }
 
@@ -277,6 +299,29 @@ mod tests {
         assert_eq!(&buf[..got.len], b"hello");
         assert_eq!(got.from, Some(tx.local_addr().unwrap()));
         let stamp = got.kernel_time.expect("kernel timestamp");
+        assert!(
+            stamp >= before && stamp <= realtime(),
+            "{stamp} not in [{before}, now]"
+        );
+    }
+
+    #[test]
+    fn tcp_receive_carries_kernel_timestamp() {
+        let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        let mut client = std::net::TcpStream::connect(listener.local_addr().unwrap()).unwrap();
+        let (server, _) = listener.accept().unwrap();
+        enable_receive_timestamps(&server).unwrap();
+        let before = realtime();
+        std::io::Write::write_all(&mut client, b"hello").unwrap();
+        let mut buf = [0u8; 64];
+        let got = loop {
+            match recv_timestamped(&server, &mut buf) {
+                Err(e) if e.kind() == io::ErrorKind::WouldBlock => std::thread::yield_now(),
+                other => break other.unwrap(),
+            }
+        };
+        assert_eq!(&buf[..got.len], b"hello");
+        let stamp = got.kernel_time.expect("kernel timestamp on TCP");
         assert!(
             stamp >= before && stamp <= realtime(),
             "{stamp} not in [{before}, now]"

@@ -23,6 +23,8 @@ const LISTENER: Token = Token(0);
 const READ_BUDGET: usize = 64;
 /// Socket buffers asked for on the listening socket, which carries every client's traffic.
 const LISTENER_BUFFER: usize = 4 << 20;
+/// Socket buffers asked for on each upstream socket.
+const FLOW_BUFFER: usize = 1 << 20;
 /// Larger than any UDP payload.
 const MAX_DATAGRAM: usize = 65_536;
 
@@ -53,6 +55,7 @@ impl UdpEmulator {
         let poll = Poll::new()?;
         let mut listener = UdpSocket::bind(listen)?;
         sys::enable_receive_timestamps(&listener)?;
+        sys::enable_drop_count(&listener)?;
         sys::grow_buffers(&listener, LISTENER_BUFFER);
         poll.registry()
             .register(&mut listener, LISTENER, Interest::READABLE)?;
@@ -62,6 +65,7 @@ impl UdpEmulator {
         let relay = UdpRelay {
             registry: poll.registry().try_clone()?,
             listener,
+            listener_drops: 0,
             upstream,
             flows: Vec::new(),
             by_client: HashMap::new(),
@@ -93,6 +97,8 @@ impl UdpEmulator {
 struct Flow {
     client: SocketAddr,
     upstream: UdpSocket,
+    /// The kernel's drop count of `upstream` when last read.
+    drops: u32,
 }
 
 /// A datagram waiting for its due time.
@@ -106,6 +112,8 @@ pub(crate) struct Datagram {
 struct UdpRelay {
     registry: Registry,
     listener: UdpSocket,
+    /// The kernel's drop count of `listener` when last read.
+    listener_drops: u32,
     upstream: SocketAddr,
     flows: Vec<Flow>,
     by_client: HashMap<SocketAddr, u32>,
@@ -134,6 +142,9 @@ impl UdpRelay {
                 // in the restart workload): the error is consumed, the socket stays in use.
                 Err(_) => continue,
             };
+            if let Some(drops) = received.kernel_drops {
+                self.count_kernel_drops(token, drops);
+            }
             let at = clock::received_at(received.kernel_time);
             let data: Box<[u8]> = self.buf[..received.len].into();
             let (flow, direction) = match token {
@@ -166,6 +177,23 @@ impl UdpRelay {
         self.more.push_back(token);
     }
 
+    /// Adds datagrams the kernel dropped on a socket since the last read (its receive buffer was full) to the
+    /// direction they were travelling in.
+    fn count_kernel_drops(&mut self, token: Token, total: u32) {
+        let (seen, direction) = match token {
+            LISTENER => (&mut self.listener_drops, Direction::ToServer),
+            Token(i) => match self.flows.get_mut(i - 1) {
+                Some(flow) => (&mut flow.drops, Direction::ToClient),
+                None => return,
+            },
+        };
+        let new = total.wrapping_sub(*seen);
+        if new > 0 {
+            *seen = total;
+            self.shared.lock()[direction as usize].dropped += u64::from(new);
+        }
+    }
+
     /// The flow of a client address, opened at its first datagram; `None` if no socket could be opened for it.
     fn flow_for(&mut self, client: SocketAddr) -> Option<u32> {
         if let Some(&flow) = self.by_client.get(&client) {
@@ -192,9 +220,16 @@ impl UdpRelay {
         let mut upstream = UdpSocket::bind(local)?;
         upstream.connect(self.upstream)?;
         sys::enable_receive_timestamps(&upstream)?;
+        sys::enable_drop_count(&upstream)?;
+        // A limit, not an allocation: memory is used only while datagrams wait.
+        sys::grow_buffers(&upstream, FLOW_BUFFER);
         self.registry
             .register(&mut upstream, Token(index as usize + 1), Interest::READABLE)?;
-        self.flows.push(Flow { client, upstream });
+        self.flows.push(Flow {
+            client,
+            upstream,
+            drops: 0,
+        });
         self.by_client.insert(client, index);
         Ok(index)
     }
