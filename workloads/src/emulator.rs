@@ -5,24 +5,27 @@
 //!
 //! # How it works
 //!
-//! Each emulator is one thread that owns every socket of the emulator and does three things in one loop:
+//! Each emulator is one thread of its own, not a task on the caller's runtime: tokio's timer has millisecond
+//! granularity and would add up to a millisecond to every packet. The thread owns every socket of the emulator and
+//! does three things in one loop:
 //!
 //! - **Receive.** All sockets are non-blocking and registered with one `epoll` instance (mio). A received datagram
 //!   or chunk is stamped with its *receipt time*: the kernel's receive timestamp (`SO_TIMESTAMPNS`, taken when the
 //!   packet entered the receiving socket's stack), converted to the monotonic clock, or the time of the read where
 //!   the kernel gives none. Because the delay counts from the kernel's timestamp, a late wake-up of this thread does
 //!   not lengthen the delay, as long as it is shorter than the delay.
-//! - **Schedule.** The link model ([`link`]) turns the receipt time into a due time (receipt + one-way delay) and the
-//!   packet goes into a time-ordered queue (a binary heap on due time, then arrival order). The model's per-packet
-//!   `schedule` function is the one place where jitter, loss and a rate limit will be added; a TCP connection keeps
-//!   its chunks in order by never scheduling a chunk before the previous one.
+//! - **Schedule.** The link model (`link.rs`) turns the receipt time into a due time (receipt + one-way delay),
+//!   and the packet goes into a time-ordered queue (a binary heap on due time, then arrival order). The model's
+//!   per-packet `schedule` function is the one place where jitter, loss and a rate limit will be added; a TCP
+//!   connection keeps its chunks in order by never scheduling a chunk before the previous one.
 //! - **Deliver.** The thread sleeps until the earliest due time on a `timerfd` armed with an absolute
 //!   `CLOCK_MONOTONIC` deadline (timer slack set to 1 ns), which is in the same `epoll` set as the sockets, so the
 //!   thread wakes for whichever comes first. The kernel wakes a thread tens of microseconds late (about 60 µs at the
 //!   median on the test machine), so the timer is armed a *lead* before the due time and the thread spins on the
 //!   clock for the rest. The lead follows the observed wake-up lateness (a running estimate of about its 90th
 //!   percentile, plus 10 µs), so the spin stays short. At each wake-up every packet that is due is sent, in order,
-//!   before the thread sleeps again: at high rates one wake-up delivers a batch.
+//!   before the thread sleeps again: at high rates one wake-up delivers a batch. Between two spins the thread
+//!   checks its sockets, so a steady stream of packets cannot keep it from reading.
 //!
 //! The measured delay of a packet is the time from its receipt time to the return of the `send` that handed it to
 //! the kernel on the other side; it goes into an HDR histogram per direction ([`DelayStats`]).
@@ -32,7 +35,8 @@
 //! the time the three-way handshake would take over the emulated link (1.5 round trips), relays chunks as they are
 //! read, and propagates half-close (FIN) and reset.
 //!
-//! Dropping an emulator stops its thread and closes all its sockets. Linux only (timerfd, `SO_TIMESTAMPNS`).
+//! [`LinkEmulator`] puts a UDP and a TCP emulator on the same port. Dropping an emulator stops its thread and
+//! closes all its sockets. Linux only (timerfd, `SO_TIMESTAMPNS`).
 
 mod clock;
 mod driver;
@@ -44,12 +48,61 @@ mod tcp;
 mod udp;
 
 use std::io;
+use std::net::SocketAddr;
 use std::time::Duration;
 
 use serde::{Deserialize, Serialize};
 
 pub use tcp::TcpEmulator;
 pub use udp::UdpEmulator;
+
+/// A UDP and a TCP emulator on the same port of 127.0.0.1, for a runner that puts every transport behind one
+/// address (a server listening on both protocols, or a client that does not say which it uses).
+#[derive(Debug)]
+pub struct LinkEmulator {
+    udp: UdpEmulator,
+    tcp: TcpEmulator,
+}
+
+impl LinkEmulator {
+    /// Ports tried before giving up when the TCP port of a fresh UDP port is taken.
+    const ATTEMPTS: usize = 16;
+
+    /// Starts both emulators on one ephemeral port of 127.0.0.1, relaying to `upstream` (the same address for
+    /// UDP and TCP).
+    pub fn start(upstream: SocketAddr, config: LinkConfig) -> io::Result<Self> {
+        let mut last_error = None;
+        for _ in 0..Self::ATTEMPTS {
+            let udp = UdpEmulator::start(upstream, config.clone())?;
+            match TcpEmulator::start_on(udp.addr(), upstream, config.clone()) {
+                Ok(tcp) => return Ok(Self { udp, tcp }),
+                Err(error) if error.kind() == io::ErrorKind::AddrInUse => last_error = Some(error),
+                Err(error) => return Err(error),
+            }
+        }
+        Err(last_error.unwrap_or_else(|| io::ErrorKind::AddrInUse.into()))
+    }
+
+    /// The address clients send to and connect to.
+    pub fn addr(&self) -> SocketAddr {
+        self.udp.addr()
+    }
+
+    /// The delay added so far in each direction, over UDP datagrams and TCP chunks together.
+    pub fn measured(&self) -> LinkMeasurement {
+        stats::Shared::combined(&[&self.udp.shared, &self.tcp.shared])
+    }
+
+    /// The UDP half.
+    pub fn udp(&self) -> &UdpEmulator {
+        &self.udp
+    }
+
+    /// The TCP half.
+    pub fn tcp(&self) -> &TcpEmulator {
+        &self.tcp
+    }
+}
 
 /// The properties of the emulated link, the same in both directions.
 ///

@@ -218,7 +218,12 @@ mod tests {
         let c = Counters::default();
         let anchor = b"ca".to_vec();
         // s2n-tls reports the validated chain with its trust anchor at the end.
-        count_derived(&c, Some(KxKind::Ecdh), &[b"leaf".to_vec(), anchor.clone()], &anchor);
+        count_derived(
+            &c,
+            Some(KxKind::Ecdh),
+            &[b"leaf".to_vec(), anchor.clone()],
+            &anchor,
+        );
         let s = c.snapshot();
         assert_eq!((s.x25519, s.ecdh, s.sign, s.verify), (0, 2, 1, 2));
         count_derived(&c, Some(KxKind::X25519), &[b"leaf".to_vec()], &anchor);

@@ -40,7 +40,9 @@ impl ResetTokens {
         let prk = hkdf::Salt::new(hkdf::HKDF_SHA256, SALT).extract(secret);
         let okm = prk
             .expand(&[b"stateless reset"], hmac::HMAC_SHA256)
-            .map_err(|_| TransportError::Identity("stateless-reset key derivation failed".into()))?;
+            .map_err(|_| {
+                TransportError::Identity("stateless-reset key derivation failed".into())
+            })?;
         Ok(Self {
             key: hmac::Key::from(okm),
         })
@@ -58,6 +60,15 @@ impl ResetTokens {
 impl s2n_quic::provider::stateless_reset_token::Generator for ResetTokens {
     fn generate(&mut self, local_connection_id: &[u8]) -> Token {
         Token::from(self.token(local_connection_id))
+    }
+}
+
+impl s2n_quic::provider::stateless_reset_token::Provider for ResetTokens {
+    type Generator = Self;
+    type Error = std::convert::Infallible;
+
+    fn start(self) -> Result<Self, Self::Error> {
+        Ok(self)
     }
 }
 

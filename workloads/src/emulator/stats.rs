@@ -26,6 +26,7 @@ const HIGHEST: u64 = 600_000_000_000;
 /// leave buckets of 30 µs at 50 ms). Quantiles are unchanged by the shift: the setting is added back when reading.
 /// Nothing is delivered before its due time, so no delay is below the setting; a link model with negative jitter
 /// will need a lower base.
+#[derive(Clone)]
 pub(crate) struct Recorder {
     /// The setting, nanoseconds.
     base: Nanos,
@@ -59,6 +60,16 @@ impl Recorder {
             .saturating_record(delay.saturating_sub(self.base));
         self.sum += u128::from(delay);
         self.max = self.max.max(delay);
+    }
+
+    /// Adds what another recorder with the same setting recorded.
+    fn absorb(&mut self, other: &Recorder) {
+        // Both histograms have the same bounds, so adding cannot fail.
+        let _ = self.excess.add(&other.excess);
+        self.sum += other.sum;
+        self.max = self.max.max(other.max);
+        self.dropped += other.dropped;
+        self.held += other.held;
     }
 
     fn stats(&self) -> DelayStats {
@@ -121,12 +132,51 @@ impl Shared {
     }
 
     pub(crate) fn measurement(&self) -> LinkMeasurement {
-        let directions = self.lock();
+        Self::combined(&[self])
+    }
+
+    /// One measurement over several emulators with the same setting (UDP and TCP on one port).
+    pub(crate) fn combined(parts: &[&Shared]) -> LinkMeasurement {
+        let mut total: Option<[Recorder; 2]> = None;
+        let (mut flows, mut flow_errors) = (0, 0);
+        for part in parts {
+            let directions = part.lock();
+            match &mut total {
+                None => total = Some(directions.clone()),
+                Some(total) => {
+                    total[0].absorb(&directions[0]);
+                    total[1].absorb(&directions[1]);
+                }
+            }
+            flows += part.flows.load(Ordering::Relaxed);
+            flow_errors += part.flow_errors.load(Ordering::Relaxed);
+        }
+        let stats = |direction: Direction| {
+            total
+                .as_ref()
+                .map(|total| total[direction as usize].stats())
+                .unwrap_or_else(DelayStats::empty)
+        };
         LinkMeasurement {
-            to_server: directions[Direction::ToServer as usize].stats(),
-            to_client: directions[Direction::ToClient as usize].stats(),
-            flows: self.flows.load(Ordering::Relaxed),
-            flow_errors: self.flow_errors.load(Ordering::Relaxed),
+            to_server: stats(Direction::ToServer),
+            to_client: stats(Direction::ToClient),
+            flows,
+            flow_errors,
+        }
+    }
+}
+
+impl DelayStats {
+    fn empty() -> Self {
+        Self {
+            packets: 0,
+            mean_us: 0.0,
+            p50_us: 0.0,
+            p99_us: 0.0,
+            max_us: 0.0,
+            setting_us: 0.0,
+            dropped: 0,
+            held: 0,
         }
     }
 }
@@ -158,5 +208,14 @@ mod tests {
         assert!((m.to_client.max_us - 10_020.0).abs() < 10.0);
         assert_eq!(m.to_client.setting_us, 10_000.0);
         assert_eq!(m.to_client.dropped, 2);
+
+        let other = Shared::new(10_000_000).unwrap();
+        other.lock()[Direction::ToClient as usize].delivered(0, 10_030_000);
+        other.flow_opened();
+        let both = Shared::combined(&[&shared, &other]);
+        assert_eq!(both.to_client.packets, 4);
+        assert_eq!(both.to_client.max_us, 10_030.0);
+        assert_eq!(both.to_client.dropped, 2);
+        assert_eq!(both.flows, 1);
     }
 }

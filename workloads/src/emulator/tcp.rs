@@ -49,7 +49,7 @@ const SERVER: usize = 1;
 /// as over a real link. Each connection holds two file descriptors.
 pub struct TcpEmulator {
     addr: SocketAddr,
-    shared: Arc<Shared>,
+    pub(super) shared: Arc<Shared>,
     _worker: Worker,
 }
 
@@ -100,6 +100,14 @@ impl TcpEmulator {
     /// The delay added so far in each direction, against the setting.
     pub fn measured(&self) -> LinkMeasurement {
         self.shared.measurement()
+    }
+}
+
+impl std::fmt::Debug for TcpEmulator {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("TcpEmulator")
+            .field("addr", &self.addr)
+            .finish_non_exhaustive()
     }
 }
 

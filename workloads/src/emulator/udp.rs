@@ -35,7 +35,7 @@ const MAX_DATAGRAM: usize = 65_536;
 /// the server never sees a client change address); the process's descriptor limit bounds the number of clients.
 pub struct UdpEmulator {
     addr: SocketAddr,
-    shared: Arc<Shared>,
+    pub(super) shared: Arc<Shared>,
     _worker: Worker,
 }
 
@@ -90,6 +90,14 @@ impl UdpEmulator {
     /// The delay added so far in each direction, against the setting.
     pub fn measured(&self) -> LinkMeasurement {
         self.shared.measurement()
+    }
+}
+
+impl std::fmt::Debug for UdpEmulator {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("UdpEmulator")
+            .field("addr", &self.addr)
+            .finish_non_exhaustive()
     }
 }
 

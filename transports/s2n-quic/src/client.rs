@@ -1,0 +1,221 @@
+//! The client side: one s2n-quic client endpoint (one UDP socket) shared by every device of a fleet, one connection
+//! per device with that device's own certificate ([`crate::tls::DeviceTls`]), one bidirectional stream per order.
+//! Re-sending and reconnecting are the shared connection fleet's ([`ConnFleet`]).
+
+use crate::events::{Events, Side};
+use crate::tls::{self, PrepareDevice};
+use crate::{start_error, Provider};
+use bytes::BytesMut;
+use futures::future::{FutureExt, Shared};
+use s2n_quic::client::Connect;
+use s2n_quic::connection::Handle;
+use s2n_quic::provider::limits::Limits;
+use std::net::{Ipv4Addr, Ipv6Addr, SocketAddr};
+use std::path::Path;
+use std::sync::Arc;
+use std::time::Duration;
+use tokio::sync::mpsc;
+use transport_core::connfleet::{Answer, ConnFleet, Connector, Policy};
+use transport_core::framing::{self, Frame};
+use transport_core::tls::DeviceCredentials;
+use transport_core::{BoxFuture, Counters, LinkEvent, Order, TransportError};
+
+/// One device's live connection: a handle to open streams on, and a future that resolves when it closes.
+pub struct S2nConn {
+    handle: Handle,
+    closed: Shared<BoxFuture<'static, ()>>,
+}
+
+/// Opens devices' s2n-quic connections for [`ConnFleet`].
+pub struct S2nConnector {
+    client: s2n_quic::Client,
+    server: SocketAddr,
+    devices: Arc<dyn PrepareDevice>,
+}
+
+impl std::fmt::Debug for S2nConnector {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("S2nConnector")
+            .field("server", &self.server)
+            .finish_non_exhaustive()
+    }
+}
+
+fn protocol(what: &str, e: impl std::fmt::Display) -> TransportError {
+    TransportError::Protocol(format!("{what}: {e}"))
+}
+
+/// Start an s2n-quic client endpoint with the given TLS provider (a macro because each provider makes the
+/// builder a different type).
+macro_rules! start_client {
+    ($tls:expr, $io:expr, $limits:expr, $events:expr) => {
+        s2n_quic::Client::builder()
+            .with_tls($tls)
+            .map_err(|e| start_error("TLS", e))?
+            .with_io($io)
+            .map_err(|e| start_error("I/O", e))?
+            .with_limits($limits)
+            .map_err(|e| start_error("limits", e))?
+            .with_event($events)
+            .map_err(|e| start_error("events", e))?
+            .start()
+            .map_err(|e| start_error("client", e))?
+    };
+}
+
+impl S2nConnector {
+    /// A client endpoint on an ephemeral port of the server's address family, for `devices` devices whose
+    /// credentials are `credentials` (the CA is read from `identity`), counting into `counters`. Must be called
+    /// inside a tokio runtime.
+    pub fn new(
+        provider: Provider,
+        server: SocketAddr,
+        identity: &Path,
+        credentials: Arc<DeviceCredentials>,
+        devices: u32,
+        counters: Arc<Counters>,
+    ) -> Result<Self, TransportError> {
+        let bind: SocketAddr = match server {
+            SocketAddr::V4(_) => (Ipv4Addr::UNSPECIFIED, 0).into(),
+            SocketAddr::V6(_) => (Ipv6Addr::UNSPECIFIED, 0).into(),
+        };
+        let socket = std::net::UdpSocket::bind(bind)?;
+        transport_core::net::set_buffers(&socket, crate::SOCKET_BUFFER)?;
+        let io = s2n_quic::provider::io::tokio::Builder::default()
+            .with_rx_socket(socket)
+            .and_then(|b| b.build())?;
+        let limits = Limits::new()
+            .with_max_keep_alive_period(crate::KEEP_ALIVE)
+            .map_err(|e| start_error("limits", e))?;
+        let anchor = if provider.derives_asym_ops() {
+            Some(tls::trust_anchor(identity)?)
+        } else {
+            None
+        };
+        let events = Events::new(Side::Client, counters.clone(), anchor);
+        let (client, devices) = match provider {
+            Provider::S2nTls => {
+                let (tls, devices) = tls::s2n_tls_devices(identity, credentials, devices)?;
+                (start_client!(tls, io, limits, events), devices)
+            }
+            Provider::Rustls => {
+                let (tls, devices) = tls::rustls_devices(identity, credentials, devices, counters)?;
+                (start_client!(tls, io, limits, events), devices)
+            }
+        };
+        Ok(Self {
+            client,
+            server,
+            devices,
+        })
+    }
+
+    /// The address of the shared client socket.
+    pub fn local_addr(&self) -> Result<SocketAddr, TransportError> {
+        Ok(self.client.local_addr()?)
+    }
+}
+
+impl Connector for S2nConnector {
+    type Conn = S2nConn;
+
+    fn connect(&self, device: u32) -> BoxFuture<'_, Result<S2nConn, TransportError>> {
+        Box::pin(async move {
+            // Build the device's TLS endpoint here, so a bad credential is this attempt's error.
+            self.devices.prepare(device)?;
+            let connect =
+                Connect::new(self.server).with_server_name(tls::device_server_name(device));
+            let mut conn = self
+                .client
+                .connect(connect)
+                .await
+                .map_err(|e| protocol("handshake", e))?;
+            conn.keep_alive(true)
+                .map_err(|e| protocol("keep-alive", e))?;
+            let (handle, mut acceptor) = conn.split();
+            // The server never opens streams, so the acceptor only ever answers when the connection is gone.
+            let closed: BoxFuture<'static, ()> =
+                Box::pin(async move { while let Ok(Some(_)) = acceptor.accept().await {} });
+            Ok(S2nConn {
+                handle,
+                closed: closed.shared(),
+            })
+        })
+    }
+
+    fn send_order(
+        &self,
+        conn: &S2nConn,
+        order: &Order,
+    ) -> BoxFuture<'static, Result<Answer, TransportError>> {
+        let mut handle = conn.handle.clone();
+        let mut frame = BytesMut::new();
+        framing::encode_order(order, &mut frame);
+        Box::pin(async move {
+            let stream = handle
+                .open_bidirectional_stream()
+                .await
+                .map_err(|e| protocol("open stream", e))?;
+            let (mut recv, mut send) = stream.split();
+            send.send(frame.freeze())
+                .await
+                .map_err(|e| protocol("write", e))?;
+            let _ = send.finish();
+            let mut buf = BytesMut::with_capacity(64);
+            match framing::read_frame(&mut recv, &mut buf).await? {
+                Some(Frame::Stored(id)) => Ok(Answer::Stored(id)),
+                Some(Frame::Refused(id)) => Ok(Answer::Refused(id)),
+                Some(Frame::Order(_)) => Err(TransportError::Protocol(
+                    "an order frame from the server".into(),
+                )),
+                None => Err(TransportError::Protocol(
+                    "stream ended without an answer".into(),
+                )),
+            }
+        })
+    }
+
+    fn closed(&self, conn: &S2nConn) -> BoxFuture<'static, ()> {
+        Box::pin(conn.closed.clone())
+    }
+
+    fn close(&self, conn: S2nConn) {
+        conn.handle.close(0u8.into());
+    }
+
+    fn shutdown(&self) -> BoxFuture<'_, ()> {
+        Box::pin(async move {
+            // Let the close frames go out, but never wait on a dead server for long.
+            let mut client = self.client.clone();
+            let _ = tokio::time::timeout(Duration::from_secs(1), client.wait_idle()).await;
+        })
+    }
+}
+
+/// A fleet of `devices` devices using `credentials` (normally loaded from the identity directory; tests pass
+/// foreign ones) and the CA in `identity`. Must be called inside a tokio runtime.
+pub fn fleet_with_credentials(
+    provider: Provider,
+    server: SocketAddr,
+    identity: &Path,
+    credentials: Arc<DeviceCredentials>,
+    devices: u32,
+    events: mpsc::UnboundedSender<LinkEvent>,
+    counters: Arc<Counters>,
+) -> Result<ConnFleet<S2nConnector>, TransportError> {
+    let connector = S2nConnector::new(
+        provider,
+        server,
+        identity,
+        credentials,
+        devices,
+        counters.clone(),
+    )?;
+    Ok(ConnFleet::start(
+        connector,
+        devices,
+        events,
+        counters,
+        Policy::default(),
+    ))
+}
