@@ -10,12 +10,11 @@
 //! Metrics: `rtt_ms` (the setting), `measured_rtt_ms` (what the emulator added, medians of both directions),
 //! `p50_ms`, `p99_ms`, `round_trips` (p50 / RTT), `handshakes` (client side); histogram `time_to_stored`.
 
-use crate::emulator::{LinkConfig, TcpEmulator, UdpEmulator};
+use crate::emulator::{LinkConfig, LinkEmulator};
 use crate::harness::{self, any_loopback, Harness, WorkloadError};
 use crate::hist;
 use crate::result::RunResult;
 use serde::{Deserialize, Serialize};
-use std::net::SocketAddr;
 use std::time::{Duration, Instant};
 use transport_core::{LinkEvent, Order, OrderId, Transport};
 
@@ -51,26 +50,6 @@ impl FirstContactParams {
 /// The RTTs of seed 095's M4, in milliseconds.
 pub const SEED_RTTS_MS: [u64; 3] = [10, 50, 100];
 
-/// UDP and TCP emulators on one port, so any transport reaches the server through the same address.
-struct Link {
-    udp: UdpEmulator,
-    tcp: TcpEmulator,
-}
-
-impl Link {
-    fn start(server: SocketAddr, config: &LinkConfig) -> std::io::Result<Link> {
-        let mut last = None;
-        for _ in 0..20 {
-            let udp = UdpEmulator::start(server, config.clone())?;
-            match TcpEmulator::start_on(udp.addr(), server, config.clone()) {
-                Ok(tcp) => return Ok(Link { udp, tcp }),
-                Err(e) => last = Some(e),
-            }
-        }
-        Err(last.expect("tried at least once"))
-    }
-}
-
 /// Run one round of first contact at `p.rtt_ms`.
 pub async fn run(
     h: &Harness,
@@ -83,8 +62,8 @@ pub async fn run(
     transport.prepare(&dirs.identity, p.peers)?;
     let mut server = h.start_server(spec, any_loopback(), &dirs).await?;
     let config = LinkConfig::with_rtt(Duration::from_millis(p.rtt_ms));
-    let link = Link::start(server.ready().addr, &config)?;
-    let mut f = h.fleet(transport, link.udp.addr(), &dirs, p.peers).await?;
+    let link = LinkEmulator::start(server.ready().addr, config)?;
+    let mut f = h.fleet(transport, link.addr(), &dirs, p.peers).await?;
     let mut times = hist::new();
     let mut made = Vec::new();
     let mut acked = Vec::new();
@@ -124,13 +103,7 @@ pub async fn run(
     f.fleet.close().await;
     let _ = server.shutdown().await;
     let measured = {
-        let (u, t) = (link.udp.measured(), link.tcp.measured());
-        // Whichever carried the traffic.
-        let m = if u.to_server.packets >= t.to_server.packets {
-            u
-        } else {
-            t
-        };
+        let m = link.measured();
         (m.to_server.p50_us + m.to_client.p50_us) / 1e3
     };
     let audit = transport_core::store::audit(&dirs.store, &made, &acked)?;
