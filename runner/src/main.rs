@@ -4,6 +4,7 @@
 //! the server side of one transport (the runner starts it as a child process); `runner report` renders tables from
 //! results files; `runner list` names the transports and workloads.
 
+mod chart;
 mod check;
 mod provenance;
 mod registry;
@@ -41,6 +42,9 @@ enum Command {
         /// JSON Lines results files.
         #[arg(required = true)]
         files: Vec<PathBuf>,
+        /// Also write charts (SVG) into this directory: the restart timeline.
+        #[arg(long, value_name = "DIR")]
+        svg: Option<PathBuf>,
     },
     /// Check results: hard invariants, and ratios measured in the same run against a baseline.
     Check {
@@ -85,7 +89,7 @@ fn main() -> ExitCode {
     };
     match cli.command {
         Some(Command::Serve(args)) => finish(serve::run(args)),
-        Some(Command::Report { files }) => finish(report_files(&files)),
+        Some(Command::Report { files, svg }) => finish(report_files(&files, svg.as_deref())),
         Some(Command::Check {
             files,
             baseline,
@@ -142,9 +146,17 @@ fn finish(r: Result<()>) -> ExitCode {
     }
 }
 
-fn report_files(files: &[PathBuf]) -> Result<()> {
+fn report_files(files: &[PathBuf], svg: Option<&std::path::Path>) -> Result<()> {
     let all = read_all(files)?;
     print!("{}", report::render(&all));
+    if let Some(dir) = svg {
+        std::fs::create_dir_all(dir)?;
+        if let Some(chart) = chart::restart_timeline(&all) {
+            let path = dir.join("restart-timeline.svg");
+            std::fs::write(&path, chart)?;
+            eprintln!("wrote {}", path.display());
+        }
+    }
     Ok(())
 }
 

@@ -130,7 +130,58 @@ fn render_workload(workload: &str, results: &[&RunResult]) -> String {
     }
     let mut table = b.build();
     table.with(Style::markdown());
-    format!("### {workload}\n\n{table}\n")
+    format!("### {workload}\n\n{table}\n{}", latency_table(results))
+}
+
+/// The latency distributions of a workload: every histogram of every transport, rounds merged.
+fn latency_table(results: &[&RunResult]) -> String {
+    let mut merged: Vec<(String, String, hdrhistogram::Histogram<u64>)> = Vec::new();
+    for r in results.iter().filter(|r| r.skipped.is_none()) {
+        for (name, encoded) in &r.histograms {
+            let Ok(h) = workloads::hist::decode(encoded) else {
+                continue;
+            };
+            match merged
+                .iter_mut()
+                .find(|(t, n, _)| *t == r.transport && n == name)
+            {
+                Some((_, _, m)) => {
+                    let _ = m.add(&h);
+                }
+                None => merged.push((r.transport.clone(), name.clone(), h)),
+            }
+        }
+    }
+    if merged.is_empty() {
+        return String::new();
+    }
+    let mut b = Builder::default();
+    b.push_record([
+        "transport",
+        "latency",
+        "count",
+        "p50 ms",
+        "p90 ms",
+        "p99 ms",
+        "p99.9 ms",
+        "max ms",
+    ]);
+    for (t, name, h) in &merged {
+        let q = |q: f64| format!("{:.2}", workloads::hist::quantile_ms(h, q));
+        b.push_record([
+            t.clone(),
+            name.clone(),
+            thousands(h.len() as f64),
+            q(0.5),
+            q(0.9),
+            q(0.99),
+            q(0.999),
+            format!("{:.2}", h.max() as f64 / 1e3),
+        ]);
+    }
+    let mut table = b.build();
+    table.with(Style::markdown());
+    format!("\nLatency distributions (all rounds merged):\n\n{table}\n")
 }
 
 /// Seed 095's M4 layout: one row per RTT, a p50 and a round-trip column per transport (medians of rounds).
