@@ -173,7 +173,7 @@ pub async fn run(
     let out = args.out.clone().unwrap_or_else(|| {
         PathBuf::from("results").join(format!(
             "{}.jsonl",
-            provenance.date.replace(':', "").replace('-', "")
+            provenance.date.replace([':', '-'], "")
         ))
     });
     let temp;

@@ -230,7 +230,7 @@ impl Sender {
         self.srtt = Some(match self.srtt {
             None => (rtt, rtt / 2),
             Some((srtt, var)) => {
-                let diff = if srtt > rtt { srtt - rtt } else { rtt - srtt };
+                let diff = srtt.abs_diff(rtt);
                 ((srtt * 7 + rtt) / 8, (var * 3 + diff) / 4)
             }
         });
