@@ -7,6 +7,7 @@ pub fn variants() -> Vec<(&'static str, &'static str)> {
     let mut v = Vec::new();
     v.extend_from_slice(transport_pure::VARIANTS);
     v.extend_from_slice(transport_quinn::VARIANTS);
+    v.extend_from_slice(transport_s2n_quic::VARIANTS);
     v.extend_from_slice(transport_mqtt::VARIANTS);
     v
 }
@@ -19,6 +20,7 @@ pub fn transport(spec: &str) -> Result<Box<dyn Transport>, String> {
                 .then(|| transport_quinn::transport(None))
                 .flatten()
         })
+        .or_else(|| transport_s2n_quic::transport(spec))
         .or_else(|| transport_mqtt::transport_for_spec(spec));
     found.ok_or_else(|| {
         let names: Vec<_> = variants().iter().map(|(n, _)| *n).collect();

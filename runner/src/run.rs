@@ -171,10 +171,7 @@ pub async fn run(
     }
     let provenance = crate::provenance::collect(args.profile.name());
     let out = args.out.clone().unwrap_or_else(|| {
-        PathBuf::from("results").join(format!(
-            "{}.jsonl",
-            provenance.date.replace([':', '-'], "")
-        ))
+        PathBuf::from("results").join(format!("{}.jsonl", provenance.date.replace([':', '-'], "")))
     });
     let temp;
     let work_dir = match &args.work_dir {

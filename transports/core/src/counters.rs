@@ -52,6 +52,9 @@ counters! {
     sign,
     /// Signatures verified.
     verify,
+    /// How many of `x25519`, `ecdh`, `sign` and `verify` were derived from a completed handshake's negotiated
+    /// parameters rather than counted where they happened (s2n-quic with s2n-tls, which has no hook); 0 elsewhere.
+    asym_derived,
     /// Completed handshakes (TLS, QUIC, MQTT CONNECT over TLS).
     handshakes,
     /// Keys derived for a run or session not seen before (HKDF, no asymmetric operation).

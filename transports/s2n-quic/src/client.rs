@@ -80,7 +80,7 @@ impl S2nConnector {
             SocketAddr::V6(_) => (Ipv6Addr::UNSPECIFIED, 0).into(),
         };
         let socket = std::net::UdpSocket::bind(bind)?;
-        transport_core::net::set_buffers(&socket, crate::SOCKET_BUFFER)?;
+        transport_core::net::set_buffers(&socket, crate::CLIENT_SOCKET_BUFFER)?;
         let io = s2n_quic::provider::io::tokio::Builder::default()
             .with_rx_socket(socket)
             .and_then(|b| b.build())?;

@@ -108,17 +108,24 @@ pub fn count_derived(
     peer_chain: &[Vec<u8>],
     trust_anchor: &[u8],
 ) {
-    match kx {
-        Some(KxKind::X25519) => Counters::add(&counters.x25519, 2),
-        Some(KxKind::Ecdh) => Counters::add(&counters.ecdh, 2),
-        Some(KxKind::Other) | None => {}
-    }
+    let kx_ops = match kx {
+        Some(KxKind::X25519) => {
+            Counters::add(&counters.x25519, 2);
+            2
+        }
+        Some(KxKind::Ecdh) => {
+            Counters::add(&counters.ecdh, 2);
+            2
+        }
+        Some(KxKind::Other) | None => 0,
+    };
     Counters::inc(&counters.sign);
     let chain = peer_chain
         .iter()
         .filter(|cert| cert.as_slice() != trust_anchor)
         .count() as u64;
     Counters::add(&counters.verify, chain + 1);
+    Counters::add(&counters.asym_derived, kx_ops + 1 + chain + 1);
 }
 
 /// Whether a connection error is this endpoint refusing the peer's certificate: a CRYPTO_ERROR (0x100 + TLS alert)

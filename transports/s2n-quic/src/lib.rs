@@ -3,7 +3,7 @@
 //! | spec | TLS provider | asymmetric operations |
 //! |---|---|---|
 //! | `s2n-quic` | s2n-tls on aws-lc (s2n-quic's default) | derived per completed handshake ([`events`]) |
-//! | `s2n-quic:rustls` | rustls on aws-lc-rs, the suite's counting configuration ([`transport_core::tls`]) | counted where they happen |
+//! | `s2n-quic:rustls` | rustls on aws-lc-rs, configured by [`transport_core::tls`] | counted where they happen |
 //!
 //! Both behave as the quinn transport does: each device one connection with its own certificate from the run's CA
 //! (TLS 1.3, client certificate required, no resumption), one bidirectional stream per order, "stored" answered on
@@ -41,9 +41,12 @@ use transport_core::{
 /// The ALPN protocol of orders over QUIC streams (the same protocol, and name, as the quinn transport's).
 pub const ALPN: &[u8] = b"lb-orders";
 
-/// The receive and send buffer asked for each UDP socket (server and client endpoint), as the other UDP
-/// transports do: a burst of 10,000 handshakes must not overflow it.
-pub const SOCKET_BUFFER: usize = 16 << 20;
+/// The receive and send buffer asked for the server's UDP socket, as the other UDP servers do.
+pub const SERVER_SOCKET_BUFFER: usize = 16 << 20;
+
+/// The buffer of the client endpoint's one socket. It stands in for the buffers of every device's own socket on
+/// real devices, so it is larger: after a restart the server's handshake flights to 10,000 devices arrive at once.
+pub const CLIENT_SOCKET_BUFFER: usize = 64 << 20;
 
 /// The client's keep-alive period: longer than the restart workload's order period (5 s), so devices that send
 /// regularly never send a PING, and well under the 30 s idle timeout so idle links stay open. (s2n-quic pings after

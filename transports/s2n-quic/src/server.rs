@@ -4,7 +4,8 @@
 //! identity from its verified certificate's common name (read by the event subscriber, [`crate::events`]), then
 //! one loop accepting bidirectional streams. Per stream: one order frame in; the order's sender must be the
 //! certificate's device (else `Refused`, counted in `refused_unknown`); the order is committed to the store; then
-//! one `Stored` frame out and the stream finished.
+//! one `Stored` frame out and the stream finished. An order the store can never hold (payload over 65,535 bytes) is
+//! refused (`refused_malformed`) rather than failed, so it is not sent again forever.
 //!
 //! s2n-quic drives all connections from one endpoint task (its own, on the runtime `serve` runs in); the stream
 //! work (reading frames, waiting for the store) runs in one task per connection, so with `--server-threads N` it
@@ -20,8 +21,8 @@ use s2n_quic::stream::BidirectionalStream;
 use std::sync::Arc;
 use tokio::task::JoinSet;
 use transport_core::framing::{self, Frame, FrameError};
-use transport_core::store::StoreHandle;
-use transport_core::{sender_id, Counters, Ready, ServeConfig, TransportError};
+use transport_core::store::{StoreError, StoreHandle};
+use transport_core::{sender_id, Counters, Order, Ready, ServeConfig, TransportError};
 
 /// Application error codes the server closes or resets with.
 pub mod codes {
@@ -70,7 +71,7 @@ pub async fn serve(provider: Provider, config: ServeConfig) -> Result<(), Transp
     };
     let events = Events::new(Side::Server, counters.clone(), anchor);
     let socket = std::net::UdpSocket::bind(listen)?;
-    transport_core::net::set_buffers(&socket, crate::SOCKET_BUFFER)?;
+    transport_core::net::set_buffers(&socket, crate::SERVER_SOCKET_BUFFER)?;
     let io = s2n_quic::provider::io::tokio::Builder::default()
         .with_rx_socket(socket)
         .and_then(|b| b.build())?;
@@ -148,24 +149,39 @@ async fn order_stream(
             return;
         }
     };
-    Counters::inc(&counters.received);
-    let id = order.id;
-    let answer = if id.sender != sender {
-        Counters::inc(&counters.refused_unknown);
-        Frame::Refused(id)
-    } else {
-        match store.commit(vec![order]).await {
-            // Applied now or before: either way it is stored.
-            Ok(_) => Frame::Stored(id),
-            Err(_) => {
-                let _ = send.reset(codes::STORE_FAILED.into());
-                return;
-            }
-        }
+    let Some(answer) = answer(order, sender, store, counters).await else {
+        let _ = send.reset(codes::STORE_FAILED.into());
+        return;
     };
     buf.clear();
     framing::encode(&answer, &mut buf);
     if send.send(buf.split().freeze()).await.is_ok() {
         let _ = send.finish();
+    }
+}
+
+/// The answer to one order from the device `sender` (its certificate's identity), after the store's commit where
+/// there is one; `None` if the store failed (the order may be sent again, so the stream is reset, not answered).
+async fn answer(
+    order: Order,
+    sender: u64,
+    store: &StoreHandle,
+    counters: &Counters,
+) -> Option<Frame> {
+    Counters::inc(&counters.received);
+    let id = order.id;
+    if id.sender != sender {
+        Counters::inc(&counters.refused_unknown);
+        return Some(Frame::Refused(id));
+    }
+    match store.commit(vec![order]).await {
+        // Applied now or before: either way it is stored.
+        Ok(_) => Some(Frame::Stored(id)),
+        // Never storable: refused rather than left to be sent again forever.
+        Err(StoreError::PayloadTooLarge { .. }) => {
+            Counters::inc(&counters.refused_malformed);
+            Some(Frame::Refused(id))
+        }
+        Err(_) => None,
     }
 }

@@ -39,6 +39,11 @@ fn s2n_error(what: &str, e: impl std::fmt::Display) -> TransportError {
     TransportError::Config(format!("s2n-tls {what}: {e}"))
 }
 
+/// A certificate or key file s2n-tls could not load.
+fn s2n_identity_error(what: &str, e: impl std::fmt::Display) -> TransportError {
+    TransportError::Identity(format!("s2n-tls {what}: {e}"))
+}
+
 fn read_file(dir: &Path, name: &str) -> Result<Vec<u8>, TransportError> {
     let path = dir.join(name);
     std::fs::read(&path).map_err(|e| TransportError::Identity(format!("{}: {e}", path.display())))
@@ -96,11 +101,11 @@ pub fn s2n_tls_server(identity: &Path) -> Result<quic_s2n::Server, TransportErro
     let config = builder.config_mut();
     config
         .load_pem(&cert, &key)
-        .map_err(|e| s2n_error("server certificate and key", e))?;
+        .map_err(|e| s2n_identity_error("server certificate and key", e))?;
     config
         .wipe_trust_store()
         .and_then(|c| c.trust_pem(&ca))
-        .map_err(|e| s2n_error("CA certificate", e))?;
+        .map_err(|e| s2n_identity_error("CA certificate", e))?;
     config
         .set_client_auth_type(quic_s2n::enums::ClientAuthType::Required)
         .and_then(|c| c.set_verify_host_callback(AnyDeviceName))
@@ -290,12 +295,12 @@ fn s2n_tls_client(
     config
         .wipe_trust_store()
         .and_then(|c| c.trust_pem(ca))
-        .map_err(|e| s2n_error("CA certificate", e))?;
+        .map_err(|e| s2n_identity_error("CA certificate", e))?;
     if let Some((cert, key)) = identity {
         config
             .load_pem(cert.as_bytes(), key.as_bytes())
             .and_then(|c| c.set_client_auth_type(quic_s2n::enums::ClientAuthType::Required))
-            .map_err(|e| s2n_error("device certificate and key", e))?;
+            .map_err(|e| s2n_identity_error("device certificate and key", e))?;
     }
     config
         .enable_session_tickets(false)
@@ -363,10 +368,8 @@ mod tests {
             PrivateKeyDer::from_pem_slice(pem("PRIVATE KEY", key.secret_pkcs8_der()).as_bytes())
                 .unwrap();
         assert_eq!(back.secret_der(), key.secret_pkcs8_der());
-        assert_eq!(trust_anchor(dir.path()).unwrap().len(), {
-            let ca = std::fs::read(dir.path().join(core_tls::CA_FILE)).unwrap();
-            CertificateDer::from_pem_slice(&ca).unwrap().len()
-        });
+        let ca = CertificateDer::from_pem_file(dir.path().join(core_tls::CA_FILE)).unwrap();
+        assert_eq!(trust_anchor(dir.path()).unwrap(), ca.to_vec());
     }
 
     #[test]
@@ -378,15 +381,30 @@ mod tests {
         s2n_tls_server(dir.path()).unwrap();
         rustls_server(dir.path(), counters.clone()).unwrap();
         let (_, s2n) = s2n_tls_devices(dir.path(), creds.clone(), 2).unwrap();
-        let (_, rustls) = rustls_devices(dir.path(), creds, 2, counters).unwrap();
+        let (_, rustls) = rustls_devices(dir.path(), creds.clone(), 2, counters).unwrap();
         for table in [s2n, rustls] {
             table.prepare(1).unwrap();
             assert!(table.prepare(2).is_err());
         }
-        // Missing files are identity errors, not panics.
+        // Missing or damaged files are identity errors, not panics.
         let empty = tempfile::tempdir().unwrap();
         assert!(matches!(
             s2n_tls_server(empty.path()),
+            Err(TransportError::Identity(_))
+        ));
+        let key = dir.path().join(core_tls::SERVER_KEY_FILE);
+        std::fs::write(
+            &key,
+            b"-----BEGIN PRIVATE KEY-----\nAAAA\n-----END PRIVATE KEY-----\n",
+        )
+        .unwrap();
+        assert!(matches!(
+            s2n_tls_server(dir.path()),
+            Err(TransportError::Identity(_))
+        ));
+        std::fs::write(dir.path().join(core_tls::CA_FILE), b"not a certificate").unwrap();
+        assert!(matches!(
+            s2n_tls_devices(dir.path(), creds, 1),
             Err(TransportError::Identity(_))
         ));
     }

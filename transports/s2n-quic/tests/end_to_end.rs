@@ -187,12 +187,8 @@ fn any_port() -> SocketAddr {
 }
 
 fn order(device: u32, seq: u64) -> Order {
-    order_from(u64::from(device), seq)
-}
-
-fn order_from(sender: u64, seq: u64) -> Order {
     let id = OrderId {
-        sender,
+        sender: u64::from(device),
         run: 0x5eed,
         seq,
     };
@@ -422,30 +418,48 @@ async fn a_device_from_another_ca_is_refused(provider: Provider) {
     assert_eq!(audit.applied, 0);
 }
 
-async fn an_order_for_another_sender_is_refused(provider: Provider) {
+async fn orders_in_another_devices_name_or_too_large_to_store_are_refused(provider: Provider) {
     let setup = Setup::new(provider, 2);
     let server = setup.server(any_port());
-    let (fleet, mut rx, _) = setup.fleet(server.addr, 2).await;
-    // Device 0, authenticated as dev-0, sends an order in dev-1's name, then one in its own.
-    fleet.send(0, order(1, 0));
-    let own = order(0, 1);
-    fleet.send(0, own.clone());
-    let mut seen = HashMap::new();
-    wait_stored(&mut rx, &[own.id], &mut seen).await;
-    // The refused order is answered (not pending, never reported stored), not sent again.
-    tokio::time::sleep(Duration::from_millis(200)).await;
-    assert_eq!(fleet.pending(), 0);
-    fleet.close().await;
-    assert_reported_once(&mut rx, &mut seen).await;
-    assert_eq!(seen.len(), 1);
+    let credentials = Arc::new(DeviceCredentials::load(&setup.identity).unwrap());
+    let connector = transport_s2n_quic::S2nConnector::new(
+        provider,
+        server.addr,
+        &setup.identity,
+        credentials,
+        2,
+        Arc::new(Counters::default()),
+    )
+    .unwrap();
+    let conn = connector.connect(0).await.unwrap();
+    // Device 0, authenticated as dev-0, sending in device 1's name.
+    let spoofed = order(1, 0);
+    assert_eq!(
+        connector.send_order(&conn, &spoofed).await.unwrap(),
+        Answer::Refused(spoofed.id)
+    );
+    // A payload larger than a store record can hold.
+    let mut huge = order(0, 1);
+    huge.payload = vec![7; store::MAX_PAYLOAD + 1];
+    assert_eq!(
+        connector.send_order(&conn, &huge).await.unwrap(),
+        Answer::Refused(huge.id)
+    );
+    // The connection is still good for a proper order.
+    let fine = order(0, 2);
+    assert_eq!(
+        connector.send_order(&conn, &fine).await.unwrap(),
+        Answer::Stored(fine.id)
+    );
 
     let s = server.kill().await;
-    assert_eq!((s.received, s.refused_unknown), (2, 1), "{s:?}");
-    let entries = store::read_log(&setup.store_dir).unwrap();
     assert_eq!(
-        entries.iter().map(|e| e.id).collect::<Vec<_>>(),
-        vec![own.id]
+        (s.refused_unknown, s.refused_malformed, s.received),
+        (1, 1, 3),
+        "{s:?}"
     );
+    let audit = store::audit(&setup.store_dir, &[fine.id], &[fine.id]).unwrap();
+    assert!(audit.is_clean() && audit.applied == 1, "{audit:?}");
 }
 
 /// The same checks for each variant, as separate tests.
@@ -476,8 +490,8 @@ macro_rules! variant_tests {
             }
 
             #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-            async fn an_order_for_another_sender_is_refused() {
-                super::an_order_for_another_sender_is_refused($provider).await;
+            async fn orders_in_another_devices_name_or_too_large_to_store_are_refused() {
+                super::orders_in_another_devices_name_or_too_large_to_store_are_refused($provider).await;
             }
         }
     )*};
