@@ -3,6 +3,7 @@
 //! in the bench, before criterion made them safe as directory names).
 
 use serde::Deserialize;
+use std::collections::BTreeMap;
 use std::fmt;
 use std::path::{Path, PathBuf};
 
@@ -143,6 +144,22 @@ pub fn load(dir: &Path, baseline: &str) -> Result<Vec<Measurement>, Error> {
     }
     found.sort_by(|a, b| a.id.cmp(&b.id));
     Ok(found)
+}
+
+/// Each benchmark's fastest result among several runs, by `statistic`. On a shared machine other work only adds
+/// time, so the fastest of a few runs is the closest to the uncontended cost.
+pub fn fastest_of(runs: Vec<Vec<Measurement>>, statistic: Statistic) -> Vec<Measurement> {
+    let mut fastest: BTreeMap<BenchId, Measurement> = BTreeMap::new();
+    for m in runs.into_iter().flatten() {
+        let time = m.estimates.get(statistic).point_estimate;
+        match fastest.get(&m.id) {
+            Some(best) if best.estimates.get(statistic).point_estimate <= time => {}
+            _ => {
+                fastest.insert(m.id.clone(), m);
+            }
+        }
+    }
+    fastest.into_values().collect()
 }
 
 fn walk(
@@ -289,6 +306,35 @@ mod tests {
             load(&dir.path().join("missing"), "main"),
             Err(Error::NoCriterionDir(_))
         ));
+    }
+
+    #[test]
+    fn the_fastest_of_several_runs_is_kept_per_benchmark() {
+        let at = |group: &str, ns: f64| {
+            let mut e = parse_estimates(ESTIMATES).unwrap();
+            e.median.point_estimate = ns;
+            Measurement {
+                id: BenchId {
+                    group: group.into(),
+                    function: None,
+                    value: None,
+                },
+                bytes: None,
+                estimates: e,
+            }
+        };
+        let fastest = fastest_of(
+            vec![
+                vec![at("a", 5.0), at("b", 1.0)],
+                vec![at("a", 3.0), at("c", 2.0)],
+            ],
+            Statistic::Median,
+        );
+        let got: Vec<(&str, f64)> = fastest
+            .iter()
+            .map(|m| (m.id.group.as_str(), m.estimates.median.point_estimate))
+            .collect();
+        assert_eq!(got, [("a", 3.0), ("b", 1.0), ("c", 2.0)]);
     }
 
     #[test]

@@ -83,7 +83,7 @@ pub fn parse(output: &str) -> Speed {
     speed
 }
 
-/// Runs [`COMMAND`] (about four seconds). `None`, with the reason, when the binary is missing or fails.
+/// Runs [`COMMAND`] (about four seconds); the reason when the binary is missing or fails.
 pub fn run() -> Result<Speed, String> {
     let output = Command::new("openssl")
         .args(COMMAND)

@@ -18,10 +18,12 @@ struct Opt {
     /// Where criterion saved its results [default: $CARGO_TARGET_DIR/criterion, else target/criterion]
     #[arg(long)]
     criterion_dir: Option<PathBuf>,
-    /// The saved baseline to tabulate (`new` is the last `cargo bench`)
+    /// The saved baseline to tabulate (`new` is the last `cargo bench`); `a,b,c` takes each benchmark's fastest
+    /// of those runs (on a shared machine other work only adds time)
     #[arg(long, default_value = "new", conflicts_with = "compare")]
     baseline: String,
-    /// Compare two saved baselines: change and whether the confidence intervals overlap
+    /// Compare two saved baselines (each may be `a,b` as for --baseline): change and whether the confidence
+    /// intervals overlap
     #[arg(long, num_args = 2, value_names = ["BASE", "NEW"])]
     compare: Option<Vec<String>>,
     /// The statistic shown
@@ -82,19 +84,32 @@ fn run(opt: Opt) -> Result<()> {
         Some(names) => (names[1].clone(), Some((names[0].clone(), names[1].clone()))),
         None => (opt.baseline.clone(), None),
     };
-    let results = estimates::load(&dir, &shown)?;
-    let base = compare
-        .as_ref()
-        .map(|(base, _)| estimates::load(&dir, base))
-        .transpose()?;
+    let load = |names: &str| -> Result<Vec<estimates::Measurement>> {
+        let runs = names
+            .split(',')
+            .map(|name| estimates::load(&dir, name.trim()))
+            .collect::<Result<Vec<_>, _>>()?;
+        Ok(estimates::fastest_of(runs, statistic))
+    };
+    let results = load(&shown)?;
+    let base = compare.as_ref().map(|(base, _)| load(base)).transpose()?;
 
+    let source = if shown.contains(',') {
+        format!("the fastest of baselines `{shown}`")
+    } else {
+        format!("baseline `{shown}`")
+    };
     println!(
-        "Microseconds per operation, criterion {} of baseline `{shown}` ({}).\n",
+        "Microseconds per operation: criterion {}, {source} ({}).\n",
         statistic.name(),
         dir.display()
     );
     if let Some(seed) = table::seed_table(&results, statistic, speed.as_ref()) {
         println!("### P-256, X25519 and the handshake estimate\n\n{seed}");
+        println!(
+            "The RustCrypto column is RustCrypto `p256` for P-256 and x25519-dalek for X25519; the \
+             handshake's RustCrypto backend uses both.\n"
+        );
     }
     for (area, t) in table::area_tables(&results, statistic) {
         println!("### {area}\n\n{t}");
