@@ -30,9 +30,11 @@
 
 use crate::counters::Counters;
 use crate::order::{Order, OrderId};
-use crate::transport::{BoxFuture, Fleet, LinkEvent};
+use crate::tls::DeviceCredentials;
+use crate::transport::{BoxFuture, Fleet, FleetConfig, LinkEvent};
 use crate::TransportError;
 use futures::stream::{FuturesUnordered, StreamExt};
+use std::net::SocketAddr;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
@@ -83,6 +85,18 @@ pub trait Connector: Send + Sync + 'static {
     fn shutdown(&self) -> BoxFuture<'_, ()> {
         Box::pin(async {})
     }
+}
+
+/// Makes a transport's [`Connector`] from the server's address, the devices' credentials, their number and the
+/// counters to count into (a transport's constructor, such as `QuinnConnector::new`).
+pub trait MakeConnector<C>:
+    FnOnce(SocketAddr, Arc<DeviceCredentials>, u32, Arc<Counters>) -> Result<C, TransportError>
+{
+}
+
+impl<C, F> MakeConnector<C> for F where
+    F: FnOnce(SocketAddr, Arc<DeviceCredentials>, u32, Arc<Counters>) -> Result<C, TransportError>
+{
 }
 
 /// The re-send and reconnect policy.
@@ -169,6 +183,29 @@ impl<C: Connector> ConnFleet<C> {
             shutdown,
             tasks: tokio::sync::Mutex::new(tasks),
         }
+    }
+
+    /// The fleet a transport's [`Transport::fleet`](crate::Transport::fleet) returns for `config`: the devices'
+    /// credentials loaded from its identity directory (enough for its devices), a connector for them, the default
+    /// policy. Must be called inside a tokio runtime.
+    pub fn from_config(
+        config: FleetConfig,
+        connector: impl MakeConnector<C>,
+    ) -> Result<Box<dyn Fleet>, TransportError> {
+        let credentials = DeviceCredentials::load_for(&config.identity, config.devices)?;
+        let connector = connector(
+            config.server,
+            Arc::new(credentials),
+            config.devices,
+            config.counters.clone(),
+        )?;
+        Ok(Box::new(Self::start(
+            connector,
+            config.devices,
+            config.events,
+            config.counters,
+            Policy::default(),
+        )))
     }
 
     fn post(&self, device: u32, command: Command) -> Result<(), Command> {

@@ -12,8 +12,11 @@
 //! - [`tls`]: the PKI (CA, server and device certificates) and the rustls configuration every TLS transport shares,
 //!   counting asymmetric operations where they happen.
 //! - [`connfleet`]: the client-side fleet of every connection-oriented transport (re-send and reconnect policy).
+//! - [`quic`]: what the QUIC transports share: the protocol (one order per stream), its settings, the server's
+//!   loops over connections and streams.
 //! - [`process`]: starting, stopping, continuing and killing server processes, never leaving one behind.
 //! - [`sample`]: CPU time and memory of a process from `/proc`.
+//! - `testing` (feature `testing`): the in-process harness of the transports' end-to-end tests.
 
 pub mod connfleet;
 pub mod counters;
@@ -22,8 +25,11 @@ pub mod keys;
 pub mod net;
 pub mod order;
 pub mod process;
+pub mod quic;
 pub mod sample;
 pub mod store;
+#[cfg(any(test, feature = "testing"))]
+pub mod testing;
 pub mod tls;
 pub mod transport;
 
@@ -55,4 +61,11 @@ pub enum TransportError {
     /// The transport does not implement this operation.
     #[error("not supported: {0}")]
     Unsupported(&'static str),
+}
+
+impl TransportError {
+    /// A [`Protocol`](Self::Protocol) error: `what` failed with `e`.
+    pub fn protocol(what: &str, e: impl std::fmt::Display) -> Self {
+        TransportError::Protocol(format!("{what}: {e}"))
+    }
 }

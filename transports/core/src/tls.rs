@@ -6,6 +6,8 @@
 //!   both ends, no session resumption (every connection is a full handshake), and a crypto provider that counts the
 //!   asymmetric operations it actually performs into a [`Counters`].
 //! - [`peer_device`] reads the common name of a verified peer certificate: the device's identity on the server.
+//! - [`server_fingerprint`] is what a server reports as its public key; [`server_secret`] derives keys from the
+//!   server's key file that every start of the server shares (stateless resets after a restart).
 //!
 //! # What is counted, and where
 //!
@@ -42,6 +44,7 @@
 use crate::counters::Counters;
 use crate::order::device_name;
 use crate::TransportError;
+use ::aws_lc_rs::{digest, hkdf};
 use rustls::client::danger::ServerCertVerifier;
 use rustls::client::{Resumption, WebPkiServerVerifier};
 use rustls::crypto::{
@@ -258,6 +261,19 @@ impl DeviceCredentials {
         })
     }
 
+    /// [`load`](Self::load), and require credentials for at least `devices` devices (a fleet's size).
+    pub fn load_for(dir: &Path, devices: u32) -> Result<Self, TransportError> {
+        let credentials = Self::load(dir)?;
+        if credentials.len() < devices {
+            return Err(identity_error(format!(
+                "{} has credentials for {} devices, {devices} asked for",
+                dir.display(),
+                credentials.len(),
+            )));
+        }
+        Ok(credentials)
+    }
+
     /// Credentials for `devices` devices whose certificates come from a CA made here and never written anywhere,
     /// which the server does not know; they trust the real CA in `dir`. For tests that a foreign device is refused.
     pub fn foreign(dir: &Path, devices: u32) -> Result<Self, TransportError> {
@@ -325,6 +341,43 @@ fn parse_bundle(data: &[u8]) -> Result<Vec<Entry>, &'static str> {
         return Err("trailing bytes");
     }
     Ok(entries)
+}
+
+// ---------------------------------------------------------------------------------------------------------------
+// What the server's files give a restarted server
+// ---------------------------------------------------------------------------------------------------------------
+
+/// The SHA-256 fingerprint (hex) of the server certificate in `dir`: what a TLS server reports as its public key
+/// when it is ready.
+pub fn server_fingerprint(dir: &Path) -> Result<String, TransportError> {
+    let path = dir.join(SERVER_CERT_FILE);
+    let cert = CertificateDer::from_pem_file(&path)
+        .map_err(|e| identity_error(format!("{}: {e}", path.display())))?;
+    Ok(hex::encode(digest::digest(&digest::SHA256, cert.as_ref())))
+}
+
+/// A secret derived from the server's private key in `dir` ([`derive_secret`]): the same for every start of a
+/// server with the same key file, so that a restarted server recognises its predecessor's connections (the keys of
+/// stateless resets and connection ids).
+pub fn server_secret(dir: &Path, salt: &[u8], label: &[u8]) -> Result<[u8; 32], TransportError> {
+    let path = dir.join(SERVER_KEY_FILE);
+    let key = PrivateKeyDer::from_pem_file(&path)
+        .map_err(|e| identity_error(format!("{}: {e}", path.display())))?;
+    derive_secret(key.secret_der(), salt, label)
+}
+
+/// HKDF-SHA256 of `secret`: `salt` names who derives (a transport), `label` what the secret is for, so no two uses
+/// share a key. A shorter key is a prefix of this one (HKDF's output is).
+pub fn derive_secret(secret: &[u8], salt: &[u8], label: &[u8]) -> Result<[u8; 32], TransportError> {
+    let failed = |_| identity_error("key derivation failed");
+    let mut out = [0; 32];
+    hkdf::Salt::new(hkdf::HKDF_SHA256, salt)
+        .extract(secret)
+        .expand(&[label], hkdf::HKDF_SHA256)
+        .map_err(failed)?
+        .fill(&mut out)
+        .map_err(failed)?;
+    Ok(out)
 }
 
 // ---------------------------------------------------------------------------------------------------------------
@@ -894,6 +947,34 @@ mod tests {
         for n in 0..cert.der().len() {
             let _ = common_name(&cert.der()[..n]);
         }
+    }
+
+    #[test]
+    fn server_secrets_and_fingerprint() {
+        let dir = tempfile::tempdir().unwrap();
+        for missing in [
+            server_fingerprint(dir.path()).err(),
+            server_secret(dir.path(), b"salt", b"label").err(),
+            DeviceCredentials::load_for(dir.path(), 1).err(),
+        ] {
+            assert!(
+                matches!(missing, Some(TransportError::Identity(_))),
+                "{missing:?}"
+            );
+        }
+        write_pki(dir.path(), 2).unwrap();
+        let fingerprint = server_fingerprint(dir.path()).unwrap();
+        assert_eq!(fingerprint.len(), 64);
+        assert_eq!(server_fingerprint(dir.path()).unwrap(), fingerprint);
+        let secret = |salt: &[u8], label: &[u8]| server_secret(dir.path(), salt, label).unwrap();
+        assert_eq!(secret(b"a", b"x"), secret(b"a", b"x"));
+        assert_ne!(secret(b"a", b"x"), secret(b"b", b"x"));
+        assert_ne!(secret(b"a", b"x"), secret(b"a", b"y"));
+        assert_eq!(DeviceCredentials::load_for(dir.path(), 2).unwrap().len(), 2);
+        assert!(matches!(
+            DeviceCredentials::load_for(dir.path(), 3),
+            Err(TransportError::Identity(_))
+        ));
     }
 
     #[test]

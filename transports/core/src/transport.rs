@@ -162,6 +162,17 @@ pub enum Support {
     No(&'static str),
 }
 
+impl Support {
+    /// What a transport that carries orders only answers: [`Support::No`] with `reason` for the publish/subscribe
+    /// workloads (fan-out, flood), [`Support::Yes`] for the others.
+    pub fn orders_only(workload: WorkloadKind, reason: &'static str) -> Support {
+        match workload {
+            WorkloadKind::Fanout | WorkloadKind::Flood => Support::No(reason),
+            _ => Support::Yes,
+        }
+    }
+}
+
 /// One transport in one configuration (a variant such as `pure:plain`).
 pub trait Transport: Send + Sync + 'static {
     /// The spec as the user gives it, e.g. `pure:plain`.
@@ -174,8 +185,11 @@ pub trait Transport: Send + Sync + 'static {
     }
 
     /// Write the server's identity and the credentials of `devices` devices into `dir` (runner side, before the
-    /// server starts). A restarted server reads the same files and is the same peer.
-    fn prepare(&self, dir: &std::path::Path, devices: u32) -> Result<(), TransportError>;
+    /// server starts). A restarted server reads the same files and is the same peer. The default writes the PKI
+    /// every TLS transport uses ([`crate::tls::write_pki`]).
+    fn prepare(&self, dir: &std::path::Path, devices: u32) -> Result<(), TransportError> {
+        crate::tls::write_pki(dir, devices)
+    }
 
     /// Run the server side until the process is killed or the future is dropped.
     fn serve(&self, config: ServeConfig) -> BoxFuture<'static, Result<(), TransportError>>;

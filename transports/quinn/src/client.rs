@@ -1,20 +1,20 @@
 //! The client side: one quinn endpoint (one UDP socket) shared by every device of a fleet, one connection per device
 //! with that device's own certificate, one bidirectional stream per order. Re-sending and reconnecting are the shared
-//! connection fleet's ([`ConnFleet`]).
+//! connection fleet's
+//! ([`ConnFleet`](transport_core::connfleet::ConnFleet)).
 
 use bytes::BytesMut;
 use quinn::crypto::rustls::QuicClientConfig;
 use quinn::{Connection, Endpoint, VarInt};
-use std::net::{Ipv4Addr, Ipv6Addr, SocketAddr};
+use std::net::SocketAddr;
 use std::sync::{Arc, OnceLock};
 use std::time::Duration;
-use tokio::sync::mpsc;
-use transport_core::connfleet::{Answer, ConnFleet, Connector, Policy};
-use transport_core::framing::{self, Frame};
+use transport_core::connfleet::{Answer, Connector};
 use transport_core::tls::{ClientTls, DeviceCredentials, SERVER_NAME};
-use transport_core::{BoxFuture, Counters, LinkEvent, Order, TransportError};
+use transport_core::{framing, net, quic};
+use transport_core::{BoxFuture, Counters, Order, TransportError};
 
-/// Opens devices' quinn connections for [`ConnFleet`].
+/// Opens devices' quinn connections for the connection fleet ([`transport_core::connfleet`]).
 pub struct QuinnConnector {
     endpoint: Endpoint,
     server: SocketAddr,
@@ -32,10 +32,6 @@ impl std::fmt::Debug for QuinnConnector {
     }
 }
 
-fn protocol(what: &str, e: impl std::fmt::Display) -> TransportError {
-    TransportError::Protocol(format!("{what}: {e}"))
-}
-
 impl QuinnConnector {
     /// A client endpoint on an ephemeral port of the server's address family, for `devices` devices whose
     /// credentials are `credentials`, counting into `counters`. Must be called inside a tokio runtime.
@@ -45,12 +41,7 @@ impl QuinnConnector {
         devices: u32,
         counters: Arc<Counters>,
     ) -> Result<Self, TransportError> {
-        let bind: SocketAddr = match server {
-            SocketAddr::V4(_) => (Ipv4Addr::UNSPECIFIED, 0).into(),
-            SocketAddr::V6(_) => (Ipv6Addr::UNSPECIFIED, 0).into(),
-        };
-        let socket = std::net::UdpSocket::bind(bind)?;
-        transport_core::net::set_buffers(&socket, crate::CLIENT_SOCKET_BUFFER)?;
+        let socket = net::bind_udp(net::any_port_for(server), quic::CLIENT_SOCKET_BUFFER)?;
         let endpoint = Endpoint::new(
             quinn::EndpointConfig::default(),
             None,
@@ -60,7 +51,7 @@ impl QuinnConnector {
         Ok(Self {
             endpoint,
             server,
-            tls: ClientTls::new(credentials, counters, &[crate::ALPN])?,
+            tls: ClientTls::new(credentials, counters, &[quic::ALPN])?,
             transport: Arc::new(crate::transport_config(true)),
             configs: (0..devices).map(|_| OnceLock::new()).collect(),
         })
@@ -97,7 +88,9 @@ impl Connector for QuinnConnector {
                 .endpoint
                 .connect_with(config, self.server, SERVER_NAME)
                 .map_err(|e| TransportError::Config(e.to_string()))?;
-            connecting.await.map_err(|e| protocol("handshake", e))
+            connecting
+                .await
+                .map_err(|e| TransportError::protocol("handshake", e))
         })
     }
 
@@ -113,22 +106,12 @@ impl Connector for QuinnConnector {
             let (mut send, mut recv) = conn
                 .open_bi()
                 .await
-                .map_err(|e| protocol("open stream", e))?;
+                .map_err(|e| TransportError::protocol("open stream", e))?;
             send.write_all(&frame)
                 .await
-                .map_err(|e| protocol("write", e))?;
+                .map_err(|e| TransportError::protocol("write", e))?;
             let _ = send.finish();
-            let mut buf = BytesMut::with_capacity(64);
-            match framing::read_frame(&mut recv, &mut buf).await? {
-                Some(Frame::Stored(id)) => Ok(Answer::Stored(id)),
-                Some(Frame::Refused(id)) => Ok(Answer::Refused(id)),
-                Some(Frame::Order(_)) => Err(TransportError::Protocol(
-                    "an order frame from the server".into(),
-                )),
-                None => Err(TransportError::Protocol(
-                    "stream ended without an answer".into(),
-                )),
-            }
+            quic::read_answer(&mut recv).await
         })
     }
 
@@ -150,23 +133,4 @@ impl Connector for QuinnConnector {
             let _ = tokio::time::timeout(Duration::from_secs(1), self.endpoint.wait_idle()).await;
         })
     }
-}
-
-/// A fleet of `devices` devices using `credentials` (normally loaded from the identity directory; tests pass
-/// foreign ones). Must be called inside a tokio runtime.
-pub fn fleet_with_credentials(
-    server: SocketAddr,
-    credentials: Arc<DeviceCredentials>,
-    devices: u32,
-    events: mpsc::UnboundedSender<LinkEvent>,
-    counters: Arc<Counters>,
-) -> Result<ConnFleet<QuinnConnector>, TransportError> {
-    let connector = QuinnConnector::new(server, credentials, devices, counters.clone())?;
-    Ok(ConnFleet::start(
-        connector,
-        devices,
-        events,
-        counters,
-        Policy::default(),
-    ))
 }

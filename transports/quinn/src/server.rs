@@ -1,37 +1,29 @@
 //! The server side: a quinn endpoint that stores orders and answers "stored".
 //!
-//! Per connection: the handshake (counted in `handshakes`), the device's identity from its certificate's common
-//! name, then one task-free loop accepting bidirectional streams. Per stream: one order frame in; the order's sender
-//! must be the certificate's device (else `Refused`, counted in `refused_unknown`); the order is committed to the
-//! store; then one `Stored` frame out and the stream finished. Every connection and stream lives inside the
-//! [`serve`] future, so dropping it stops them all.
+//! Per connection (a task each): the handshake (counted in `handshakes`), the device's identity from its
+//! certificate's common name, then one loop accepting bidirectional streams. Per stream, the shared step
+//! ([`quic::answer_order`]): one order frame in; the order's sender must be the certificate's device (else
+//! `Refused`, counted in `refused_unknown`); the order is committed to the store; then one `Stored` frame out and
+//! the stream finished. Every connection and stream lives inside the [`serve`] future, so dropping it stops them
+//! all.
 
-use bytes::BytesMut;
-use futures::stream::{FuturesUnordered, StreamExt};
+use futures::stream::{self, Stream};
 use quinn::crypto::rustls::QuicServerConfig;
-use quinn::{Endpoint, EndpointConfig, Incoming, RecvStream, SendStream};
+use quinn::{Endpoint, EndpointConfig, Incoming, RecvStream, SendStream, VarInt};
 use quinn_proto::HashedConnectionIdGenerator;
+use std::net::SocketAddr;
 use std::path::Path;
 use std::sync::Arc;
 use std::time::Duration;
-use tokio::task::JoinSet;
-use transport_core::framing::{self, Frame, FrameError};
-use transport_core::store::{StoreError, StoreHandle};
-use transport_core::{sender_id, tls, Counters, Ready, ServeConfig, TransportError};
+use transport_core::quic::{self, codes, Served};
+use transport_core::store::StoreHandle;
+use transport_core::{net, sender_id, tls, Counters, ServeConfig, TransportError};
 
-/// Application error codes the server closes or resets with.
-pub mod codes {
-    use quinn::VarInt;
-    /// The connection has no usable client certificate name.
-    pub const NO_IDENTITY: VarInt = VarInt::from_u32(1);
-    /// A stream did not carry one well-formed order frame.
-    pub const MALFORMED: VarInt = VarInt::from_u32(2);
-    /// The store failed; the order may be sent again.
-    pub const STORE_FAILED: VarInt = VarInt::from_u32(3);
-}
+/// The HKDF salt of the keys derived from the server's key file ([`tls::server_secret`]).
+const SALT: &[u8] = b"lb-bench quinn endpoint";
 
-/// The stateless-reset key: HMAC-SHA256 keyed by HKDF-SHA256 over the server's private key, so every start of the
-/// server with the same key file resets the connections of the previous start.
+/// The stateless-reset key: HMAC-SHA256 keyed by a secret derived from the server's private key, so every start of
+/// the server with the same key file resets the connections of the previous start.
 #[derive(Debug)]
 pub struct ResetKey(aws_lc_rs::hmac::Key);
 
@@ -48,36 +40,20 @@ pub struct DerivedSecrets {
 }
 
 impl DerivedSecrets {
-    /// Derive both from the server key file in `identity` (HKDF-SHA256, one label each).
+    /// Derive both from the server key file in `identity` (one label each).
     pub fn derive(identity: &Path) -> Result<Self, TransportError> {
-        use aws_lc_rs::{hkdf, hmac};
-        use rustls::pki_types::{pem::PemObject, PrivateKeyDer};
-        let path = identity.join(tls::SERVER_KEY_FILE);
-        let key = PrivateKeyDer::from_pem_file(&path)
-            .map_err(|e| TransportError::Identity(format!("{}: {e}", path.display())))?;
-        let prk = hkdf::Salt::new(hkdf::HKDF_SHA256, b"lb-bench quinn endpoint")
-            .extract(key.secret_der());
-        let failed = |_| TransportError::Identity("key derivation failed".into());
-        let reset = prk
-            .expand(&[b"stateless reset"], hmac::HMAC_SHA256)
-            .map_err(failed)?;
-        let mut cid_key = [0u8; 8];
-        prk.expand(&[b"connection id"], CidKeyLen)
-            .map_err(failed)?
-            .fill(&mut cid_key)
-            .map_err(failed)?;
+        let reset = tls::server_secret(identity, SALT, b"stateless reset")?;
+        // Its first 8 bytes, as an 8-byte HKDF expansion would give them.
+        let cid = tls::server_secret(identity, SALT, b"connection id")?;
+        let mut cid_key = [0; 8];
+        cid_key.copy_from_slice(&cid[..8]);
         Ok(Self {
-            reset_key: ResetKey(hmac::Key::from(reset)),
+            reset_key: ResetKey(aws_lc_rs::hmac::Key::new(
+                aws_lc_rs::hmac::HMAC_SHA256,
+                &reset,
+            )),
             cid_key: u64::from_be_bytes(cid_key),
         })
-    }
-}
-
-struct CidKeyLen;
-
-impl aws_lc_rs::hkdf::KeyType for CidKeyLen {
-    fn len(&self) -> usize {
-        8
     }
 }
 
@@ -97,64 +73,40 @@ impl quinn::crypto::HmacKey for ResetKey {
     }
 }
 
-/// The SHA-256 fingerprint (hex) of the server certificate, as the ready line reports it.
-pub fn fingerprint(identity: &Path) -> Result<String, TransportError> {
-    use rustls::pki_types::{pem::PemObject, CertificateDer};
-    let path = identity.join(tls::SERVER_CERT_FILE);
-    let cert = CertificateDer::from_pem_file(&path)
-        .map_err(|e| TransportError::Identity(format!("{}: {e}", path.display())))?;
-    let digest = aws_lc_rs::digest::digest(&aws_lc_rs::digest::SHA256, cert.as_ref());
-    Ok(digest.as_ref().iter().map(|b| format!("{b:02x}")).collect())
-}
-
 /// Run the server until the future is dropped (or the endpoint fails).
 pub async fn serve(config: ServeConfig) -> Result<(), TransportError> {
-    let ServeConfig {
-        listen,
-        identity,
-        store,
-        counters,
-        ready,
-        ..
-    } = config;
-    let tls = tls::server_config(&identity, counters.clone(), &[crate::ALPN])?;
+    quic::serve(config, start, connection).await
+}
+
+/// The endpoint on `config.listen`: its address, and the connections it accepts.
+fn start(
+    config: &ServeConfig,
+) -> Result<(SocketAddr, impl Stream<Item = Incoming>), TransportError> {
+    let tls = tls::server_config(&config.identity, config.counters.clone(), &[quic::ALPN])?;
     let crypto =
         QuicServerConfig::try_from(tls).map_err(|e| TransportError::Config(e.to_string()))?;
     let mut server_config = quinn::ServerConfig::with_crypto(Arc::new(crypto));
     server_config.transport_config(Arc::new(crate::transport_config(false)));
-    let secrets = DerivedSecrets::derive(&identity)?;
+    let secrets = DerivedSecrets::derive(&config.identity)?;
     let mut endpoint_config = EndpointConfig::new(Arc::new(secrets.reset_key));
     let cid_key = secrets.cid_key;
     endpoint_config.cid_generator(move || Box::new(HashedConnectionIdGenerator::from_key(cid_key)));
     // quinn sends at most one stateless reset per 20 ms by default; after a restart every old connection needs one.
     // Resets are always smaller than the packet that caused them, so they cannot loop.
     endpoint_config.min_reset_interval(Duration::ZERO);
-    let socket = std::net::UdpSocket::bind(listen)?;
-    transport_core::net::set_buffers(&socket, crate::SERVER_SOCKET_BUFFER)?;
+    let socket = net::bind_udp(config.listen, quic::SERVER_SOCKET_BUFFER)?;
     let endpoint = Endpoint::new(
         endpoint_config,
         Some(server_config),
         socket,
         Arc::new(quinn::TokioRuntime),
     )?;
-    let _ = ready.send(Ready {
-        addr: endpoint.local_addr()?,
-        public_key: fingerprint(&identity)?,
+    let addr = endpoint.local_addr()?;
+    let incoming = stream::unfold(endpoint, |endpoint| async move {
+        let incoming = endpoint.accept().await?;
+        Some((incoming, endpoint))
     });
-
-    let mut connections = JoinSet::new();
-    loop {
-        tokio::select! {
-            incoming = endpoint.accept() => match incoming {
-                Some(incoming) => {
-                    connections.spawn(connection(incoming, store.clone(), counters.clone()));
-                }
-                None => break,
-            },
-            Some(_) = connections.join_next(), if !connections.is_empty() => {}
-        }
-    }
-    Ok(())
+    Ok((addr, incoming))
 }
 
 /// Whether a failed handshake was our refusal of the client's certificate (a TLS alert about certificates).
@@ -190,22 +142,24 @@ async fn connection(incoming: Incoming, store: StoreHandle, counters: Arc<Counte
         .map(|name| sender_id(&name));
     let Some(sender) = sender else {
         Counters::inc(&counters.refused_unknown);
-        conn.close(codes::NO_IDENTITY, b"no device name in the certificate");
+        conn.close(
+            VarInt::from_u32(codes::NO_IDENTITY),
+            b"no device name in the certificate",
+        );
         return;
     };
-    let mut streams = FuturesUnordered::new();
-    loop {
-        tokio::select! {
-            stream = conn.accept_bi() => match stream {
-                Ok((send, recv)) => streams.push(order_stream(send, recv, sender, &store, &counters)),
-                Err(_) => break, // closed, reset or timed out: nothing more to answer on it
-            },
-            Some(()) = streams.next(), if !streams.is_empty() => {}
-        }
-    }
+    // Until the connection is closed, reset or timed out: nothing more to answer on it then.
+    let streams = stream::unfold(conn, |conn| async move {
+        let stream = conn.accept_bi().await.ok()?;
+        Some((stream, conn))
+    });
+    quic::serve_each(streams, |(send, recv)| {
+        order_stream(send, recv, sender, &store, &counters)
+    })
+    .await;
 }
 
-/// One order in, one answer out.
+/// One order in, one answer out ([`quic::answer_order`]); the stream finished or reset as it says.
 async fn order_stream(
     mut send: SendStream,
     mut recv: RecvStream,
@@ -213,40 +167,18 @@ async fn order_stream(
     store: &StoreHandle,
     counters: &Counters,
 ) {
-    let mut buf = BytesMut::with_capacity(256);
-    let order = match framing::read_frame(&mut recv, &mut buf).await {
-        Ok(Some(Frame::Order(order))) => order,
-        Ok(None) | Err(FrameError::Io(_)) => return, // the stream or connection went away
-        Ok(Some(_)) | Err(_) => {
-            Counters::inc(&counters.refused_malformed);
-            let _ = send.reset(codes::MALFORMED);
-            let _ = recv.stop(codes::MALFORMED);
-            return;
+    let code = |code| VarInt::from_u32(code);
+    match quic::answer_order(&mut recv, &mut send, sender, store, counters).await {
+        Served::Answered => {
+            let _ = send.finish();
         }
-    };
-    Counters::inc(&counters.received);
-    let id = order.id;
-    let answer = if id.sender != sender {
-        Counters::inc(&counters.refused_unknown);
-        Frame::Refused(id)
-    } else {
-        match store.commit(vec![order]).await {
-            // Applied now or before: either way it is stored.
-            Ok(_) => Frame::Stored(id),
-            // Never storable: refuse it rather than have it sent again forever.
-            Err(StoreError::PayloadTooLarge { .. }) => {
-                Counters::inc(&counters.refused_malformed);
-                Frame::Refused(id)
-            }
-            Err(_) => {
-                let _ = send.reset(codes::STORE_FAILED);
-                return;
-            }
+        Served::Gone => {}
+        Served::Malformed => {
+            let _ = send.reset(code(codes::MALFORMED));
+            let _ = recv.stop(code(codes::MALFORMED));
         }
-    };
-    buf.clear();
-    framing::encode(&answer, &mut buf);
-    if send.write_all(&buf).await.is_ok() {
-        let _ = send.finish();
+        Served::StoreFailed => {
+            let _ = send.reset(code(codes::STORE_FAILED));
+        }
     }
 }

@@ -1,6 +1,7 @@
 //! The client side: one s2n-quic client endpoint (one UDP socket) shared by every device of a fleet, one connection
 //! per device with that device's own certificate ([`crate::tls::DeviceTls`]), one bidirectional stream per order.
-//! Re-sending and reconnecting are the shared connection fleet's ([`ConnFleet`]).
+//! Re-sending and reconnecting are the shared connection fleet's
+//! ([`ConnFleet`](transport_core::connfleet::ConnFleet)).
 
 use crate::events::{Events, Side};
 use crate::tls::{self, PrepareDevice};
@@ -10,15 +11,14 @@ use futures::future::{FutureExt, Shared};
 use s2n_quic::client::Connect;
 use s2n_quic::connection::Handle;
 use s2n_quic::provider::limits::Limits;
-use std::net::{Ipv4Addr, Ipv6Addr, SocketAddr};
+use std::net::SocketAddr;
 use std::path::Path;
 use std::sync::Arc;
 use std::time::Duration;
-use tokio::sync::mpsc;
-use transport_core::connfleet::{Answer, ConnFleet, Connector, Policy};
-use transport_core::framing::{self, Frame};
+use transport_core::connfleet::{Answer, Connector};
 use transport_core::tls::DeviceCredentials;
-use transport_core::{BoxFuture, Counters, LinkEvent, Order, TransportError};
+use transport_core::{framing, net, quic};
+use transport_core::{BoxFuture, Counters, Order, TransportError};
 
 /// One device's live connection: a handle to open streams on, and a future that resolves when it closes.
 pub struct S2nConn {
@@ -26,7 +26,7 @@ pub struct S2nConn {
     closed: Shared<BoxFuture<'static, ()>>,
 }
 
-/// Opens devices' s2n-quic connections for [`ConnFleet`].
+/// Opens devices' s2n-quic connections for the connection fleet ([`transport_core::connfleet`]).
 pub struct S2nConnector {
     client: s2n_quic::Client,
     server: SocketAddr,
@@ -39,10 +39,6 @@ impl std::fmt::Debug for S2nConnector {
             .field("server", &self.server)
             .finish_non_exhaustive()
     }
-}
-
-fn protocol(what: &str, e: impl std::fmt::Display) -> TransportError {
-    TransportError::Protocol(format!("{what}: {e}"))
 }
 
 /// Start an s2n-quic client endpoint with the given TLS provider (a macro because each provider makes the
@@ -75,17 +71,13 @@ impl S2nConnector {
         devices: u32,
         counters: Arc<Counters>,
     ) -> Result<Self, TransportError> {
-        let bind: SocketAddr = match server {
-            SocketAddr::V4(_) => (Ipv4Addr::UNSPECIFIED, 0).into(),
-            SocketAddr::V6(_) => (Ipv6Addr::UNSPECIFIED, 0).into(),
-        };
-        let socket = std::net::UdpSocket::bind(bind)?;
-        transport_core::net::set_buffers(&socket, crate::CLIENT_SOCKET_BUFFER)?;
+        let socket = net::bind_udp(net::any_port_for(server), quic::CLIENT_SOCKET_BUFFER)?;
         let io = s2n_quic::provider::io::tokio::Builder::default()
             .with_rx_socket(socket)
             .and_then(|b| b.build())?;
+        // s2n-quic pings after the smaller of this and 3/4 of the idle timeout without activity.
         let limits = Limits::new()
-            .with_max_keep_alive_period(crate::KEEP_ALIVE)
+            .with_max_keep_alive_period(quic::KEEP_ALIVE)
             .map_err(|e| start_error("limits", e))?;
         let anchor = if provider.derives_asym_ops() {
             Some(tls::trust_anchor(identity)?)
@@ -129,9 +121,9 @@ impl Connector for S2nConnector {
                 .client
                 .connect(connect)
                 .await
-                .map_err(|e| protocol("handshake", e))?;
+                .map_err(|e| TransportError::protocol("handshake", e))?;
             conn.keep_alive(true)
-                .map_err(|e| protocol("keep-alive", e))?;
+                .map_err(|e| TransportError::protocol("keep-alive", e))?;
             let (handle, mut acceptor) = conn.split();
             // The server never opens streams, so the acceptor only ever answers when the connection is gone.
             let closed: BoxFuture<'static, ()> =
@@ -155,23 +147,13 @@ impl Connector for S2nConnector {
             let stream = handle
                 .open_bidirectional_stream()
                 .await
-                .map_err(|e| protocol("open stream", e))?;
+                .map_err(|e| TransportError::protocol("open stream", e))?;
             let (mut recv, mut send) = stream.split();
             send.send(frame.freeze())
                 .await
-                .map_err(|e| protocol("write", e))?;
+                .map_err(|e| TransportError::protocol("write", e))?;
             let _ = send.finish();
-            let mut buf = BytesMut::with_capacity(64);
-            match framing::read_frame(&mut recv, &mut buf).await? {
-                Some(Frame::Stored(id)) => Ok(Answer::Stored(id)),
-                Some(Frame::Refused(id)) => Ok(Answer::Refused(id)),
-                Some(Frame::Order(_)) => Err(TransportError::Protocol(
-                    "an order frame from the server".into(),
-                )),
-                None => Err(TransportError::Protocol(
-                    "stream ended without an answer".into(),
-                )),
-            }
+            quic::read_answer(&mut recv).await
         })
     }
 
@@ -190,32 +172,4 @@ impl Connector for S2nConnector {
             let _ = tokio::time::timeout(Duration::from_secs(1), client.wait_idle()).await;
         })
     }
-}
-
-/// A fleet of `devices` devices using `credentials` (normally loaded from the identity directory; tests pass
-/// foreign ones) and the CA in `identity`. Must be called inside a tokio runtime.
-pub fn fleet_with_credentials(
-    provider: Provider,
-    server: SocketAddr,
-    identity: &Path,
-    credentials: Arc<DeviceCredentials>,
-    devices: u32,
-    events: mpsc::UnboundedSender<LinkEvent>,
-    counters: Arc<Counters>,
-) -> Result<ConnFleet<S2nConnector>, TransportError> {
-    let connector = S2nConnector::new(
-        provider,
-        server,
-        identity,
-        credentials,
-        devices,
-        counters.clone(),
-    )?;
-    Ok(ConnFleet::start(
-        connector,
-        devices,
-        events,
-        counters,
-        Policy::default(),
-    ))
 }

@@ -9,7 +9,8 @@
 //! (TLS 1.3, client certificate required, no resumption), one bidirectional stream per order, "stored" answered on
 //! that stream after the store's commit, the device's identity taken from its verified certificate and checked
 //! against each order's sender. Re-sending and reconnecting are the shared connection fleet's
-//! ([`transport_core::connfleet`]), the frames the shared framing's ([`transport_core::framing`]).
+//! ([`transport_core::connfleet`]); the protocol on the streams (ALPN, frames, the server's answer to an order) and
+//! the settings shared with the quinn transport are [`transport_core::quic`]'s.
 //!
 //! - [`server`]: one s2n-quic server endpoint that stores orders and answers.
 //! - [`client`]: an [`S2nConnector`] for the connection fleet: one s2n-quic client endpoint (one UDP socket) for
@@ -29,29 +30,12 @@ pub mod reset;
 pub mod server;
 pub mod tls;
 
-pub use client::{fleet_with_credentials, S2nConnector};
+pub use client::S2nConnector;
 
-use std::path::Path;
-use std::sync::Arc;
-use std::time::Duration;
+use transport_core::connfleet::ConnFleet;
 use transport_core::{
     BoxFuture, Fleet, FleetConfig, ServeConfig, Support, Transport, TransportError, WorkloadKind,
 };
-
-/// The ALPN protocol of orders over QUIC streams (the same protocol, and name, as the quinn transport's).
-pub const ALPN: &[u8] = b"lb-orders";
-
-/// The receive and send buffer asked for the server's UDP socket, as the other UDP servers do.
-pub const SERVER_SOCKET_BUFFER: usize = 16 << 20;
-
-/// The buffer of the client endpoint's one socket. It stands in for the buffers of every device's own socket on
-/// real devices, so it is larger: after a restart the server's handshake flights to 10,000 devices arrive at once.
-pub const CLIENT_SOCKET_BUFFER: usize = 64 << 20;
-
-/// The client's keep-alive period: longer than the restart workload's order period (5 s), so devices that send
-/// regularly never send a PING, and well under the 30 s idle timeout so idle links stay open. (s2n-quic pings after
-/// the smaller of this and 3/4 of the idle timeout without activity.)
-pub const KEEP_ALIVE: Duration = Duration::from_secs(10);
 
 /// The TLS provider of a variant.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
@@ -119,16 +103,10 @@ impl Transport for S2nQuic {
     }
 
     fn supports(&self, workload: WorkloadKind) -> Support {
-        match workload {
-            WorkloadKind::Fanout | WorkloadKind::Flood => {
-                Support::No("publish/subscribe is not part of the s2n-quic transport")
-            }
-            _ => Support::Yes,
-        }
-    }
-
-    fn prepare(&self, dir: &Path, devices: u32) -> Result<(), TransportError> {
-        transport_core::tls::write_pki(dir, devices)
+        Support::orders_only(
+            workload,
+            "publish/subscribe is not part of the s2n-quic transport",
+        )
     }
 
     fn serve(&self, config: ServeConfig) -> BoxFuture<'static, Result<(), TransportError>> {
@@ -141,27 +119,11 @@ impl Transport for S2nQuic {
     ) -> BoxFuture<'static, Result<Box<dyn Fleet>, TransportError>> {
         let provider = self.provider;
         Box::pin(async move {
-            let credentials = Arc::new(transport_core::tls::DeviceCredentials::load(
-                &config.identity,
-            )?);
-            if credentials.len() < config.devices {
-                return Err(TransportError::Identity(format!(
-                    "{} has credentials for {} devices, {} asked for",
-                    config.identity.display(),
-                    credentials.len(),
-                    config.devices
-                )));
-            }
-            let fleet = fleet_with_credentials(
-                provider,
-                config.server,
-                &config.identity,
-                credentials,
-                config.devices,
-                config.events,
-                config.counters,
-            )?;
-            Ok(Box::new(fleet) as Box<dyn Fleet>)
+            // The s2n-tls provider reads the CA from the identity directory itself.
+            let identity = config.identity.clone();
+            ConnFleet::from_config(config, |server, credentials, devices, counters| {
+                S2nConnector::new(provider, server, &identity, credentials, devices, counters)
+            })
         })
     }
 }

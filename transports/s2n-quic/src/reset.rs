@@ -1,24 +1,25 @@
-//! Stateless-reset tokens derived from the server's key file, and the server's fingerprint.
+//! Stateless-reset tokens derived from the server's key file.
 //!
 //! s2n-quic's default token generator is disabled: a packet for a connection the endpoint does not know is dropped,
 //! so after a restart every device would wait for its old connection to time out (the 1 s answer timeout of the
 //! fleet at best, the 30 s idle timeout for an idle device). With [`ResetTokens`] the token for a connection id is
-//! HMAC-SHA256 over the id, keyed by HKDF-SHA256 over the server's private key: every start of the server with the
-//! same key file issues the same token for the same id, so the new process answers a packet of the old one's
-//! connections with a stateless reset the client recognises, and the client closes that connection at once.
+//! HMAC-SHA256 over the id, keyed by HKDF-SHA256 over the server's private key ([`tls::server_secret`]): every
+//! start of the server with the same key file issues the same token for the same id, so the new process answers a
+//! packet of the old one's connections with a stateless reset the client recognises, and the client closes that
+//! connection at once.
 //!
 //! s2n-quic's connection ids are 16 random bytes with no key in them, so the new process parses the old ids
 //! without any shared state; nothing else needs deriving.
 
-use aws_lc_rs::{digest, hkdf, hmac};
-use rustls::pki_types::pem::PemObject;
-use rustls::pki_types::{CertificateDer, PrivateKeyDer};
+use aws_lc_rs::hmac;
 use s2n_quic_core::stateless_reset::token::{Token, LEN as TOKEN_LEN};
 use std::path::Path;
 use transport_core::{tls, TransportError};
 
 /// The HKDF salt: a label for this use, so the key is never the same as any other derived from the same file.
 const SALT: &[u8] = b"lb-bench s2n-quic endpoint";
+/// The HKDF info of the token key.
+const LABEL: &[u8] = b"stateless reset";
 
 /// The stateless-reset token generator of a server (see the module docs).
 #[derive(Debug)]
@@ -29,23 +30,18 @@ pub struct ResetTokens {
 impl ResetTokens {
     /// Derive the token key from the server key file in `identity`.
     pub fn derive(identity: &Path) -> Result<Self, TransportError> {
-        let path = identity.join(tls::SERVER_KEY_FILE);
-        let key = PrivateKeyDer::from_pem_file(&path)
-            .map_err(|e| TransportError::Identity(format!("{}: {e}", path.display())))?;
-        Self::from_secret(key.secret_der())
+        Ok(Self::from_key(&tls::server_secret(identity, SALT, LABEL)?))
     }
 
     /// Derive the token key from any secret bytes (the server key's DER).
     pub fn from_secret(secret: &[u8]) -> Result<Self, TransportError> {
-        let prk = hkdf::Salt::new(hkdf::HKDF_SHA256, SALT).extract(secret);
-        let okm = prk
-            .expand(&[b"stateless reset"], hmac::HMAC_SHA256)
-            .map_err(|_| {
-                TransportError::Identity("stateless-reset key derivation failed".into())
-            })?;
-        Ok(Self {
-            key: hmac::Key::from(okm),
-        })
+        Ok(Self::from_key(&tls::derive_secret(secret, SALT, LABEL)?))
+    }
+
+    fn from_key(key: &[u8; 32]) -> Self {
+        Self {
+            key: hmac::Key::new(hmac::HMAC_SHA256, key),
+        }
     }
 
     /// The token for a local connection id.
@@ -72,19 +68,6 @@ impl s2n_quic::provider::stateless_reset_token::Provider for ResetTokens {
     }
 }
 
-/// The SHA-256 fingerprint (hex) of the server certificate, as the ready line reports it.
-pub fn fingerprint(identity: &Path) -> Result<String, TransportError> {
-    let path = identity.join(tls::SERVER_CERT_FILE);
-    let cert = CertificateDer::from_pem_file(&path)
-        .map_err(|e| TransportError::Identity(format!("{}: {e}", path.display())))?;
-    let digest = digest::digest(&digest::SHA256, cert.as_ref());
-    Ok(hex(digest.as_ref()))
-}
-
-fn hex(bytes: &[u8]) -> String {
-    bytes.iter().map(|b| format!("{b:02x}")).collect()
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -105,10 +88,6 @@ mod tests {
         let dir = tempfile::tempdir().unwrap();
         assert!(matches!(
             ResetTokens::derive(dir.path()),
-            Err(TransportError::Identity(_))
-        ));
-        assert!(matches!(
-            fingerprint(dir.path()),
             Err(TransportError::Identity(_))
         ));
     }

@@ -23,7 +23,6 @@
 //! ([`SERVER_NAME`]), so what goes on the wire (SNI `localhost`, device `n`'s certificate) is what a client with
 //! one endpoint per device would send. Each device's endpoint is built once, at its first connection, and kept.
 
-use crate::ALPN;
 use base64::Engine as _;
 use s2n_codec::EncoderValue;
 use s2n_quic::provider::tls::rustls as quic_rustls;
@@ -32,6 +31,7 @@ use s2n_quic_core::application::ServerName;
 use s2n_quic_core::crypto::tls::{ConnectionInfo, Endpoint};
 use std::path::Path;
 use std::sync::{Arc, Mutex};
+use transport_core::quic::ALPN;
 use transport_core::tls::{self as core_tls, ClientTls, DeviceCredentials, SERVER_NAME};
 use transport_core::{Counters, TransportError};
 

@@ -1,0 +1,315 @@
+//! What the QUIC transports (quinn, s2n-quic) share: one protocol on the wire, its settings, and the server's loops.
+//!
+//! The protocol ([`ALPN`] `lb-orders`): a device opens one bidirectional stream per order, writes the order frame
+//! ([`crate::framing`]) and finishes its side; the server answers on the same stream with one `Stored` or `Refused`
+//! frame and finishes ([`answer_order`]), or resets the stream with one of the [`codes`]; the device reads the answer
+//! with [`read_answer`]. The device's identity is its certificate's common name, and each order's sender must be it.
+//!
+//! A server ([`serve`]) serves every connection in a task of its own ([`spawn_each`]) and every stream of a
+//! connection in that connection's task ([`serve_each`]). What stays in each transport is its library's API:
+//! endpoints, handshakes, how a stream is finished or reset.
+
+use crate::connfleet::Answer;
+use crate::framing::{self, Frame, FrameError};
+use crate::store::{StoreError, StoreHandle};
+use crate::{tls, Counters, Order, Ready, ServeConfig, TransportError};
+use bytes::BytesMut;
+use futures::stream::{FuturesUnordered, Stream, StreamExt};
+use std::future::Future;
+use std::net::SocketAddr;
+use std::pin::{pin, Pin};
+use std::sync::Arc;
+use std::task::{Context, Poll};
+use std::time::Duration;
+use tokio::io::{AsyncRead, AsyncWrite, AsyncWriteExt};
+
+/// The ALPN protocol of orders over QUIC streams.
+pub const ALPN: &[u8] = b"lb-orders";
+
+/// The receive and send buffer asked for a server's UDP socket, as the other UDP servers do.
+pub const SERVER_SOCKET_BUFFER: usize = 16 << 20;
+
+/// The buffer of a fleet's one client socket. It stands in for the buffers of every device's own socket on real
+/// devices, so it is larger: after a restart the server's handshake flights to 10,000 devices arrive at once.
+pub const CLIENT_SOCKET_BUFFER: usize = 64 << 20;
+
+/// The client's keep-alive period: longer than the restart workload's order period (5 s), so devices that send
+/// regularly never send a PING, and well under the 30 s idle timeout so idle links stay open.
+pub const KEEP_ALIVE: Duration = Duration::from_secs(10);
+
+/// Application error codes a server closes a connection or resets a stream with.
+pub mod codes {
+    /// The connection has no usable client certificate name.
+    pub const NO_IDENTITY: u32 = 1;
+    /// A stream did not carry one well-formed order frame.
+    pub const MALFORMED: u32 = 2;
+    /// The store failed; the order may be sent again.
+    pub const STORE_FAILED: u32 = 3;
+}
+
+/// How [`answer_order`] left a stream, and what the transport does with it now.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Served {
+    /// The answer is written: finish the sending side.
+    Answered,
+    /// The stream or its connection went away (before the order, or while answering): nothing more to do.
+    Gone,
+    /// The stream did not carry one well-formed order frame: reset the sending side and stop the receiving side,
+    /// both with [`codes::MALFORMED`].
+    Malformed,
+    /// The store failed, so the order is not answered (it may be sent again): reset the sending side with
+    /// [`codes::STORE_FAILED`].
+    StoreFailed,
+}
+
+/// The server's work on one stream of the device `sender` (its certificate's identity, as [`crate::sender_id`]):
+/// one order frame in from `recv`; the order refused if its sender is not `sender` (`refused_unknown`); else
+/// committed to `store`; then one answer frame out to `send`. An order the store can never hold (its payload too
+/// large for a record) is refused (`refused_malformed`) rather than failed, so it is not sent again forever.
+pub async fn answer_order<R, W>(
+    recv: &mut R,
+    send: &mut W,
+    sender: u64,
+    store: &StoreHandle,
+    counters: &Counters,
+) -> Served
+where
+    R: AsyncRead + Unpin,
+    W: AsyncWrite + Unpin,
+{
+    let mut buf = BytesMut::with_capacity(256);
+    let order = match framing::read_frame(recv, &mut buf).await {
+        Ok(Some(Frame::Order(order))) => order,
+        Ok(None) | Err(FrameError::Io(_)) => return Served::Gone,
+        Ok(Some(_)) | Err(_) => {
+            Counters::inc(&counters.refused_malformed);
+            return Served::Malformed;
+        }
+    };
+    let Some(answer) = answer(order, sender, store, counters).await else {
+        return Served::StoreFailed;
+    };
+    buf.clear();
+    framing::encode(&answer, &mut buf);
+    match send.write_all(&buf).await {
+        Ok(()) => Served::Answered,
+        Err(_) => Served::Gone,
+    }
+}
+
+/// The answer to one order from the device `sender`, after the store's commit where there is one; `None` if the
+/// store failed.
+async fn answer(
+    order: Order,
+    sender: u64,
+    store: &StoreHandle,
+    counters: &Counters,
+) -> Option<Frame> {
+    Counters::inc(&counters.received);
+    let id = order.id;
+    if id.sender != sender {
+        Counters::inc(&counters.refused_unknown);
+        return Some(Frame::Refused(id));
+    }
+    match store.commit(vec![order]).await {
+        // Applied now or before: either way it is stored.
+        Ok(_) => Some(Frame::Stored(id)),
+        // Never storable: refused rather than left to be sent again forever.
+        Err(StoreError::PayloadTooLarge { .. }) => {
+            Counters::inc(&counters.refused_malformed);
+            Some(Frame::Refused(id))
+        }
+        Err(_) => None,
+    }
+}
+
+/// The device's side: the server's answer to the order written on a stream, read from the stream's receiving side.
+pub async fn read_answer<R: AsyncRead + Unpin>(recv: &mut R) -> Result<Answer, TransportError> {
+    let mut buf = BytesMut::with_capacity(64);
+    match framing::read_frame(recv, &mut buf).await? {
+        Some(Frame::Stored(id)) => Ok(Answer::Stored(id)),
+        Some(Frame::Refused(id)) => Ok(Answer::Refused(id)),
+        Some(Frame::Order(_)) => Err(TransportError::Protocol(
+            "an order frame from the server".into(),
+        )),
+        None => Err(TransportError::Protocol(
+            "stream ended without an answer".into(),
+        )),
+    }
+}
+
+/// A QUIC server's run: `start` binds the endpoint (on `config.listen`) and returns its address and the connections
+/// it accepts; the server is reported ready with that address and its certificate's fingerprint; then every
+/// connection is served by `connection` (with the store and counters) in a task of its own ([`spawn_each`]) until
+/// the endpoint stops accepting.
+pub async fn serve<T, S, F>(
+    config: ServeConfig,
+    start: impl FnOnce(&ServeConfig) -> Result<(SocketAddr, S), TransportError>,
+    connection: impl Fn(T, StoreHandle, Arc<Counters>) -> F,
+) -> Result<(), TransportError>
+where
+    S: Stream<Item = T>,
+    F: Future<Output = ()> + Send + 'static,
+{
+    let public_key = tls::server_fingerprint(&config.identity)?;
+    let (addr, incoming) = start(&config)?;
+    let _ = config.ready.send(Ready { addr, public_key });
+    spawn_each(incoming, |conn| {
+        connection(conn, config.store.clone(), config.counters.clone())
+    })
+    .await;
+    Ok(())
+}
+
+/// Serve everything `incoming` yields (a stream's or a connection's work) concurrently, in the calling task, until
+/// `incoming` ends. What is still being served then is dropped with this future.
+pub async fn serve_each<T, F>(incoming: impl Stream<Item = T>, mut serve: impl FnMut(T) -> F)
+where
+    F: Future<Output = ()>,
+{
+    let mut incoming = pin!(incoming);
+    let mut serving = FuturesUnordered::new();
+    loop {
+        tokio::select! {
+            item = incoming.next() => match item {
+                Some(item) => serving.push(serve(item)),
+                None => return,
+            },
+            Some(()) = serving.next(), if !serving.is_empty() => {}
+        }
+    }
+}
+
+/// [`serve_each`] with every item served in a task of its own (a connection, so that the runtime's workers share
+/// them); the tasks still running when `incoming` ends, or when this future is dropped, are aborted.
+pub async fn spawn_each<T, F>(incoming: impl Stream<Item = T>, mut serve: impl FnMut(T) -> F)
+where
+    F: Future<Output = ()> + Send + 'static,
+{
+    serve_each(incoming, |item| Task(tokio::spawn(serve(item)))).await;
+}
+
+/// A spawned task, aborted when dropped.
+struct Task(tokio::task::JoinHandle<()>);
+
+impl Future for Task {
+    type Output = ();
+
+    fn poll(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<()> {
+        // A task that panicked is over as well; its connection is gone with it.
+        Pin::new(&mut self.0).poll(cx).map(|_| ())
+    }
+}
+
+impl Drop for Task {
+    fn drop(&mut self) {
+        self.0.abort();
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::store::{Store, SyncPolicy};
+    use crate::testing::order;
+    use std::sync::atomic::{AtomicUsize, Ordering};
+
+    /// One stream's exchange over an in-memory pipe: the answer step on one end, the device's bytes on the other.
+    async fn exchange(
+        device: &[u8],
+        sender: u64,
+        store: &StoreHandle,
+        counters: &Counters,
+    ) -> (Served, Result<Answer, TransportError>) {
+        let (mut server, mut client) = tokio::io::duplex(1 << 20);
+        client.write_all(device).await.unwrap();
+        client.shutdown().await.unwrap();
+        let (mut recv, mut send) = tokio::io::split(&mut server);
+        let served = answer_order(&mut recv, &mut send, sender, store, counters).await;
+        drop((recv, send));
+        drop(server);
+        (served, read_answer(&mut client).await)
+    }
+
+    fn frame(order: &Order) -> Vec<u8> {
+        let mut buf = BytesMut::new();
+        framing::encode_order(order, &mut buf);
+        buf.to_vec()
+    }
+
+    #[tokio::test]
+    async fn orders_are_stored_or_refused() {
+        let dir = tempfile::tempdir().unwrap();
+        let (store, _) = Store::open(dir.path(), SyncPolicy::None).unwrap();
+        let store = StoreHandle::spawn(store);
+        let counters = Counters::default();
+
+        let fine = order(7, 0);
+        let (served, answer) = exchange(&frame(&fine), 7, &store, &counters).await;
+        assert_eq!(
+            (served, answer.unwrap()),
+            (Served::Answered, Answer::Stored(fine.id))
+        );
+        // Sent again (its answer was lost): stored already, answered again.
+        let (_, answer) = exchange(&frame(&fine), 7, &store, &counters).await;
+        assert_eq!(answer.unwrap(), Answer::Stored(fine.id));
+        // In another device's name.
+        let spoofed = order(8, 0);
+        let (_, answer) = exchange(&frame(&spoofed), 7, &store, &counters).await;
+        assert_eq!(answer.unwrap(), Answer::Refused(spoofed.id));
+        // Too large for a record.
+        let mut huge = order(7, 1);
+        huge.payload = vec![0; crate::store::MAX_PAYLOAD + 1];
+        let (_, answer) = exchange(&frame(&huge), 7, &store, &counters).await;
+        assert_eq!(answer.unwrap(), Answer::Refused(huge.id));
+        // No whole frame, then not an order.
+        let (served, answer) = exchange(&[0, 0], 7, &store, &counters).await;
+        assert_eq!(served, Served::Malformed);
+        assert!(answer.is_err());
+        let mut stored = BytesMut::new();
+        framing::encode_stored(&fine.id, &mut stored);
+        let (served, _) = exchange(&stored, 7, &store, &counters).await;
+        assert_eq!(served, Served::Malformed);
+        // Nothing at all: the device went away.
+        let (served, _) = exchange(&[], 7, &store, &counters).await;
+        assert_eq!(served, Served::Gone);
+
+        let c = counters.snapshot();
+        assert_eq!(
+            (c.received, c.refused_unknown, c.refused_malformed),
+            (4, 1, 3)
+        );
+        store.close().await;
+    }
+
+    #[tokio::test]
+    async fn each_item_is_served_and_spawned_tasks_end_with_the_loop() {
+        // The items end once the last of them is served.
+        let (tx, rx) = tokio::sync::mpsc::unbounded_channel();
+        for n in 0..5 {
+            tx.send(n).unwrap();
+        }
+        let tx = std::sync::Mutex::new(Some(tx));
+        let served = AtomicUsize::new(0);
+        let incoming = futures::stream::unfold(rx, |mut rx| async move {
+            let item = rx.recv().await?;
+            Some((item, rx))
+        });
+        serve_each(incoming, |_| async {
+            if served.fetch_add(1, Ordering::Relaxed) == 4 {
+                tx.lock().unwrap().take();
+            }
+        })
+        .await;
+        assert_eq!(served.load(Ordering::Relaxed), 5);
+
+        // A task that would run forever is aborted when the items end: its state is dropped.
+        let (tx, rx) = tokio::sync::oneshot::channel::<()>();
+        spawn_each(futures::stream::iter([tx]), |tx| async move {
+            let _tx = tx;
+            std::future::pending::<()>().await;
+        })
+        .await;
+        assert!(rx.await.is_err());
+    }
+}
