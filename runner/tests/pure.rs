@@ -361,3 +361,29 @@ fn children_of(pid: u32) -> Vec<u32> {
     }
     out
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn devices_sharing_a_socket_each_get_their_answers() {
+    // More devices than shards: several devices share each client socket, so the receiver packs answers for
+    // different devices into one datagram. Every device must take its own and none may be thrown away.
+    let spec = "pure";
+    let devices = 48u32;
+    let dir = tempfile::tempdir().unwrap();
+    let h = harness(dir.path());
+    let t = transport_pure::transport(spec).unwrap();
+    let dirs = h.dirs("shared", spec, 0).unwrap();
+    t.prepare(&dirs.identity, devices).unwrap();
+    let mut server = h.start_server(spec, harness::any_loopback(), &dirs).await.unwrap();
+    let mut f = h.fleet(t.as_ref(), server.ready().addr, &dirs, devices).await.unwrap();
+    let mut acked = Vec::new();
+    for seq in 0..5u64 {
+        for d in 0..devices {
+            f.fleet.send(d, order(d, 3, seq));
+        }
+        wait_stored(&mut f.events, &mut acked, ((seq + 1) * devices as u64) as usize, Duration::from_secs(30)).await;
+    }
+    let c = f.counters.snapshot();
+    assert_eq!(c.refused_malformed, 0, "no answer was dropped as another device's: {c:?}");
+    f.fleet.close().await;
+    server.shutdown().await.unwrap();
+}

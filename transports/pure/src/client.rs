@@ -217,15 +217,30 @@ impl Shard {
     }
 
     fn datagram(&mut self, now: Instant, data: &[u8]) {
-        // Every frame in an answer datagram is for the same device; route by the first frame's key id.
-        let Ok((crate::wire::Frame::Answer(a), _)) = crate::wire::parse_frame(data) else {
-            return;
-        };
-        let Some(&i) = self.by_key.get(&a.key_id) else {
-            return;
-        };
+        // The receiver packs the answers for one address into as few datagrams as fit, and the devices of a shard
+        // share that address: hand each device the run of frames that are its own.
+        let mut at = 0;
+        while at < data.len() {
+            let Ok((crate::wire::Frame::Answer(a), used)) = crate::wire::parse_frame(&data[at..]) else {
+                return;
+            };
+            let mut end = at + used;
+            while end < data.len() {
+                match crate::wire::parse_frame(&data[end..]) {
+                    Ok((crate::wire::Frame::Answer(b), n)) if b.key_id == a.key_id => end += n,
+                    _ => break,
+                }
+            }
+            if let Some(&i) = self.by_key.get(&a.key_id) {
+                self.deliver(now, i, &data[at..end]);
+            }
+            at = end;
+        }
+    }
+
+    fn deliver(&mut self, now: Instant, i: usize, frames: &[u8]) {
         let (device, sender) = &mut self.devices[i];
-        sender.handle(now, data);
+        sender.handle(now, frames);
         while let Some(SenderEvent::Stored(id)) = sender.poll_event() {
             self.pending.fetch_sub(1, Ordering::Relaxed);
             let _ = self.events.send(LinkEvent::Stored {
