@@ -221,7 +221,8 @@ impl Shard {
         // share that address: hand each device the run of frames that are its own.
         let mut at = 0;
         while at < data.len() {
-            let Ok((crate::wire::Frame::Answer(a), used)) = crate::wire::parse_frame(&data[at..]) else {
+            let Ok((crate::wire::Frame::Answer(a), used)) = crate::wire::parse_frame(&data[at..])
+            else {
                 return;
             };
             let mut end = at + used;

@@ -216,11 +216,12 @@ impl WireKeys {
         WireKeys::from_parts(record, answer)
     }
 
-    /// Seal record `seq`: appends `made_us ‖ payload` encrypted, then the tag, to `out`. `aad` is the header.
+    /// Seal record `seq`: appends `made_us ‖ payload` encrypted, then the tag, to `out`, whose bytes in `aad` (the
+    /// record header already written there) are the associated data.
     pub fn seal_record(
         &self,
         seq: u64,
-        aad: &[u8],
+        aad: std::ops::Range<usize>,
         made_us: u64,
         payload: &[u8],
         out: &mut Vec<u8>,
@@ -228,9 +229,10 @@ impl WireKeys {
         let start = out.len();
         out.extend_from_slice(&made_us.to_be_bytes());
         out.extend_from_slice(payload);
+        let (head, body) = out.split_at_mut(start);
         let tag = self
             .record
-            .seal_in_place_separate_tag(nonce(seq), Aad::from(aad), &mut out[start..])
+            .seal_in_place_separate_tag(nonce(seq), Aad::from(&head[aad]), body)
             .expect("records are far below the AEAD's length limit");
         out.extend_from_slice(tag.as_ref());
     }
@@ -329,8 +331,9 @@ mod tests {
         );
         let (enc, ks) = WireKeys::hpke_sender(&mut rng, &s, r.public());
         let kr = WireKeys::hpke_receiver(&r, s.public(), &enc).unwrap();
-        let mut out = Vec::new();
-        ks.seal_record(5, b"hdr", 42, b"order", &mut out);
+        let mut sealed = b"hdr".to_vec();
+        ks.seal_record(5, 0..3, 42, b"order", &mut sealed);
+        let out = sealed.split_off(3);
         assert_eq!(
             kr.open_record(5, b"hdr", &out).unwrap(),
             (42, b"order".to_vec())
@@ -359,8 +362,9 @@ mod tests {
         let (s, r) = (NodeKey::generate(&mut rng), NodeKey::generate(&mut rng));
         let ls = link_secret(&s, r.public(), s.public(), r.public());
         assert_eq!(ls, link_secret(&r, s.public(), s.public(), r.public()));
-        let mut out = Vec::new();
-        WireKeys::link(&ls, 1, 2).seal_record(0, b"h", 1, b"x", &mut out);
+        let mut sealed = b"h".to_vec();
+        WireKeys::link(&ls, 1, 2).seal_record(0, 0..1, 1, b"x", &mut sealed);
+        let out = sealed.split_off(1);
         assert!(WireKeys::link(&ls, 1, 2).open_record(0, b"h", &out).is_ok());
         assert!(WireKeys::link(&ls, 1, 3)
             .open_record(0, b"h", &out)

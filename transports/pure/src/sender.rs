@@ -311,69 +311,52 @@ impl Sender {
     fn seal(&mut self, seq: u64) {
         let kind = self.config.kind;
         let run = self.in_flight[&seq].order.id.run;
-        let mut frame = Vec::with_capacity(wire::record_len(
-            kind,
-            self.in_flight[&seq].order.payload.len(),
-        ));
-        let mut own_keys = None;
-        match kind {
-            Kind::Plain => {
-                let o = &self.in_flight[&seq].order;
-                let body_len = wire::MADE_LEN + o.payload.len();
-                wire::put_record_header(&mut frame, kind, &self.key_id, run, seq, &[], body_len);
-                frame.extend_from_slice(&o.made_us.to_be_bytes());
-                frame.extend_from_slice(&o.payload);
+        // The variant header, and the keys the record is sealed with (none for plain).
+        let (variant, keys): (Vec<u8>, Option<WireKeys>) = match kind {
+            Kind::Plain => (Vec::new(), None),
+            Kind::HpkePerRequest => {
+                Counters::add(&self.counters.x25519, 3);
+                let (enc, keys) = WireKeys::hpke_sender(&mut self.rng, &self.key, &self.receiver);
+                (enc.to_vec(), Some(keys))
             }
-            Kind::HpkeSession | Kind::HpkePerRequest => {
-                let (enc, keys) = if kind == Kind::HpkePerRequest {
-                    Counters::add(&self.counters.x25519, 3);
-                    WireKeys::hpke_sender(&mut self.rng, &self.key, &self.receiver)
-                } else {
-                    self.session_for(run);
-                    let s = self.session.as_ref().expect("set above");
-                    (s.enc, s.keys.clone())
-                };
-                let o = &self.in_flight[&seq].order;
-                let body_len = wire::MADE_LEN + o.payload.len() + wire::TAG_LEN;
-                let aad = wire::put_record_header(
-                    &mut frame,
-                    kind,
-                    &self.key_id,
-                    run,
-                    seq,
-                    &enc,
-                    body_len,
-                );
-                let aad = frame[aad].to_vec();
-                keys.seal_record(seq, &aad, o.made_us, &o.payload, &mut frame);
-                if kind == Kind::HpkePerRequest {
-                    own_keys = Some(keys);
-                }
+            Kind::HpkeSession => {
+                self.session_for(run);
+                let s = self.session.as_ref().expect("set above");
+                (s.enc.to_vec(), Some(s.keys.clone()))
             }
             Kind::Link => {
                 self.session_for(run);
                 let s = self.session.as_ref().expect("set above");
-                let o = &self.in_flight[&seq].order;
-                let body_len = wire::MADE_LEN + o.payload.len() + wire::TAG_LEN;
-                let variant = self.receiver_run.to_be_bytes();
-                let aad = wire::put_record_header(
-                    &mut frame,
-                    kind,
-                    &self.key_id,
-                    run,
-                    seq,
-                    &variant,
-                    body_len,
-                );
-                let aad = frame[aad].to_vec();
-                s.keys
-                    .seal_record(seq, &aad, o.made_us, &o.payload, &mut frame);
+                (
+                    self.receiver_run.to_be_bytes().to_vec(),
+                    Some(s.keys.clone()),
+                )
+            }
+        };
+        let o = &self.in_flight[&seq].order;
+        let len = wire::record_len(kind, o.payload.len());
+        let mut frame = Vec::with_capacity(len);
+        let header = wire::put_record_header(
+            &mut frame,
+            kind,
+            &self.key_id,
+            run,
+            seq,
+            &variant,
+            len - kind.record_header_len(),
+        );
+        match &keys {
+            Some(k) => k.seal_record(seq, header, o.made_us, &o.payload, &mut frame),
+            None => {
+                frame.extend_from_slice(&o.made_us.to_be_bytes());
+                frame.extend_from_slice(&o.payload);
             }
         }
         let f = self.in_flight.get_mut(&seq).expect("present");
         f.sealed = Some((self.receiver_run, frame));
-        if own_keys.is_some() {
-            f.own_keys = own_keys;
+        if kind == Kind::HpkePerRequest {
+            // The answer to this record is tagged with a key of its own setup.
+            f.own_keys = keys;
         }
     }
 
