@@ -207,6 +207,11 @@ fn list() {
     }
     println!("workloads:");
     for w in transport_core::WorkloadKind::ALL {
-        println!("  {w}");
+        let status = if run::implemented(w) {
+            ""
+        } else {
+            "  (not implemented yet)"
+        };
+        println!("  {w}{status}");
     }
 }

@@ -72,7 +72,7 @@ pub fn parse_workloads(list: &str) -> Result<Vec<WorkloadKind>, String> {
         .collect()
 }
 
-fn implemented(kind: WorkloadKind) -> bool {
+pub fn implemented(kind: WorkloadKind) -> bool {
     matches!(
         kind,
         WorkloadKind::Drain | WorkloadKind::Restart | WorkloadKind::FirstContact

@@ -373,17 +373,32 @@ async fn devices_sharing_a_socket_each_get_their_answers() {
     let t = transport_pure::transport(spec).unwrap();
     let dirs = h.dirs("shared", spec, 0).unwrap();
     t.prepare(&dirs.identity, devices).unwrap();
-    let mut server = h.start_server(spec, harness::any_loopback(), &dirs).await.unwrap();
-    let mut f = h.fleet(t.as_ref(), server.ready().addr, &dirs, devices).await.unwrap();
+    let mut server = h
+        .start_server(spec, harness::any_loopback(), &dirs)
+        .await
+        .unwrap();
+    let mut f = h
+        .fleet(t.as_ref(), server.ready().addr, &dirs, devices)
+        .await
+        .unwrap();
     let mut acked = Vec::new();
     for seq in 0..5u64 {
         for d in 0..devices {
             f.fleet.send(d, order(d, 3, seq));
         }
-        wait_stored(&mut f.events, &mut acked, ((seq + 1) * devices as u64) as usize, Duration::from_secs(30)).await;
+        wait_stored(
+            &mut f.events,
+            &mut acked,
+            ((seq + 1) * devices as u64) as usize,
+            Duration::from_secs(30),
+        )
+        .await;
     }
     let c = f.counters.snapshot();
-    assert_eq!(c.refused_malformed, 0, "no answer was dropped as another device's: {c:?}");
+    assert_eq!(
+        c.refused_malformed, 0,
+        "no answer was dropped as another device's: {c:?}"
+    );
     f.fleet.close().await;
     server.shutdown().await.unwrap();
 }

@@ -44,8 +44,9 @@ impl RunResult {
     }
 }
 
-/// Where and how a result was measured.
+/// Where and how a result was measured. Missing fields read as empty, so results from other tools still load.
 #[derive(Debug, Clone, Serialize, Deserialize, PartialEq, Default)]
+#[serde(default)]
 pub struct Provenance {
     /// The suite's commit (`git describe`-like; `-dirty` when the tree had changes).
     pub commit: String,
