@@ -282,20 +282,40 @@ fn socket_addr(storage: &libc::sockaddr_storage, len: libc::socklen_t) -> Option
 mod tests {
     use super::*;
 
+    // The kernel turns receive timestamping on for the whole system lazily (a deferred static key), so the very
+    // first packets after the first socket asks for it may arrive unstamped; the emulator then falls back to the
+    // time it read them. The tests therefore send until a stamped packet arrives, within a second.
+    fn until_stamped(mut attempt: impl FnMut() -> Received) -> Received {
+        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(1);
+        loop {
+            let got = attempt();
+            if got.kernel_time.is_some() || std::time::Instant::now() > deadline {
+                return got;
+            }
+            std::thread::sleep(std::time::Duration::from_millis(10));
+        }
+    }
+
+    fn recv_blocking(socket: &impl AsFd, buf: &mut [u8]) -> Received {
+        loop {
+            match recv_timestamped(socket, buf) {
+                Err(e) if e.kind() == io::ErrorKind::WouldBlock => std::thread::yield_now(),
+                other => break other.unwrap(),
+            }
+        }
+    }
+
     #[test]
     fn udp_receive_carries_address_and_kernel_timestamp() {
         let rx = std::net::UdpSocket::bind("127.0.0.1:0").unwrap();
         enable_receive_timestamps(&rx).unwrap();
         let tx = std::net::UdpSocket::bind("127.0.0.1:0").unwrap();
         let before = realtime();
-        tx.send_to(b"hello", rx.local_addr().unwrap()).unwrap();
         let mut buf = [0u8; 64];
-        let got = loop {
-            match recv_timestamped(&rx, &mut buf) {
-                Err(e) if e.kind() == io::ErrorKind::WouldBlock => std::thread::yield_now(),
-                other => break other.unwrap(),
-            }
-        };
+        let got = until_stamped(|| {
+            tx.send_to(b"hello", rx.local_addr().unwrap()).unwrap();
+            recv_blocking(&rx, &mut buf)
+        });
         assert_eq!(&buf[..got.len], b"hello");
         assert_eq!(got.from, Some(tx.local_addr().unwrap()));
         let stamp = got.kernel_time.expect("kernel timestamp");
@@ -312,14 +332,11 @@ mod tests {
         let (server, _) = listener.accept().unwrap();
         enable_receive_timestamps(&server).unwrap();
         let before = realtime();
-        std::io::Write::write_all(&mut client, b"hello").unwrap();
         let mut buf = [0u8; 64];
-        let got = loop {
-            match recv_timestamped(&server, &mut buf) {
-                Err(e) if e.kind() == io::ErrorKind::WouldBlock => std::thread::yield_now(),
-                other => break other.unwrap(),
-            }
-        };
+        let got = until_stamped(|| {
+            std::io::Write::write_all(&mut client, b"hello").unwrap();
+            recv_blocking(&server, &mut buf)
+        });
         assert_eq!(&buf[..got.len], b"hello");
         let stamp = got.kernel_time.expect("kernel timestamp on TCP");
         assert!(
