@@ -8,8 +8,6 @@
 use crate::broker::{BrokerConfig, Listener, RunningBroker};
 use crate::client::OrderConnector;
 use crate::mosquitto::{self, Mosquitto};
-use sha2::Digest;
-use std::path::Path;
 use std::sync::Arc;
 use std::time::Duration;
 use tokio::net::TcpListener;
@@ -85,15 +83,6 @@ impl Mqtt {
     }
 }
 
-/// SHA-256 of the server certificate (DER), hex: what the server reports as its identity when ready.
-pub fn certificate_fingerprint(identity: &Path) -> Result<String, TransportError> {
-    use rustls::pki_types::pem::PemObject;
-    let path = identity.join(tls::SERVER_CERT_FILE);
-    let cert = rustls::pki_types::CertificateDer::from_pem_file(&path)
-        .map_err(|e| TransportError::Identity(format!("{}: {e}", path.display())))?;
-    Ok(hex::encode(sha2::Sha256::digest(cert.as_ref())))
-}
-
 impl Transport for Mqtt {
     fn spec(&self) -> &str {
         self.spec
@@ -109,15 +98,11 @@ impl Transport for Mqtt {
         }
     }
 
-    fn prepare(&self, dir: &Path, devices: u32) -> Result<(), TransportError> {
-        tls::write_pki(dir, devices)
-    }
-
     fn serve(&self, config: ServeConfig) -> BoxFuture<'static, Result<(), TransportError>> {
         let server = self.server;
         let broker_config = self.config.clone();
         Box::pin(async move {
-            let public_key = certificate_fingerprint(&config.identity)?;
+            let public_key = tls::server_fingerprint(&config.identity)?;
             match server {
                 Server::InTree => {
                     let tls = tls::server_config(&config.identity, config.counters.clone(), &[])?;
@@ -161,14 +146,10 @@ impl Transport for Mqtt {
         config: FleetConfig,
     ) -> BoxFuture<'static, Result<Box<dyn Fleet>, TransportError>> {
         Box::pin(async move {
-            let credentials = Arc::new(DeviceCredentials::load(&config.identity)?);
-            if credentials.len() < config.devices {
-                return Err(TransportError::Identity(format!(
-                    "credentials for {} devices, {} asked for",
-                    credentials.len(),
-                    config.devices
-                )));
-            }
+            let credentials = Arc::new(DeviceCredentials::load_for(
+                &config.identity,
+                config.devices,
+            )?);
             let tls = ClientTls::new(credentials, config.counters.clone(), &[])?;
             let connector = OrderConnector::new(config.server, tls);
             let fleet = ConnFleet::start(
