@@ -245,10 +245,7 @@ fn decode_body(header: FrameHeader, body: Bytes) -> Result<Packet, DecodeError> 
             let packet_id = r.packet_id()?;
             let mut filters = Vec::new();
             while !r.is_empty() {
-                let filter = r.string("topic filter")?;
-                if !topic::valid_filter(&filter) {
-                    return Err(DecodeError::InvalidTopicFilter);
-                }
+                let filter = topic_filter(&mut r)?;
                 let requested = r.u8("requested QoS")?;
                 if requested & 0xfc != 0 {
                     return Err(DecodeError::ReservedBits("requested QoS"));
@@ -282,11 +279,7 @@ fn decode_body(header: FrameHeader, body: Bytes) -> Result<Packet, DecodeError> 
             let packet_id = r.packet_id()?;
             let mut filters = Vec::new();
             while !r.is_empty() {
-                let filter = r.string("topic filter")?;
-                if !topic::valid_filter(&filter) {
-                    return Err(DecodeError::InvalidTopicFilter);
-                }
-                filters.push(filter);
+                filters.push(topic_filter(&mut r)?);
             }
             if filters.is_empty() {
                 return Err(DecodeError::NoTopicFilters);
@@ -299,6 +292,15 @@ fn decode_body(header: FrameHeader, body: Bytes) -> Result<Packet, DecodeError> 
     };
     r.finish()?;
     Ok(packet)
+}
+
+/// A topic filter of SUBSCRIBE or UNSUBSCRIBE, checked for valid wildcards.
+fn topic_filter(r: &mut Reader) -> Result<String, DecodeError> {
+    let filter = r.string("topic filter")?;
+    if !topic::valid_filter(&filter) {
+        return Err(DecodeError::InvalidTopicFilter);
+    }
+    Ok(filter)
 }
 
 fn connect(r: &mut Reader) -> Result<Connect, DecodeError> {
