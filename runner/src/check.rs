@@ -15,15 +15,25 @@ use std::collections::BTreeMap;
 use tabled::builder::Builder;
 use tabled::settings::Style;
 use workloads::result::RunResult;
+use workloads::workload::Better;
 
 /// A workload's primary metric and whether higher is better.
 fn primary(workload: &str) -> Option<(&'static str, bool)> {
-    match workload {
-        "drain" => Some(("orders_per_second", true)),
-        "restart" => Some(("make_to_stored_p99_ms", false)),
-        "first-contact" => Some(("round_trips", false)),
-        _ => None,
-    }
+    workloads::by_name(workload).map(|w| {
+        let (metric, better) = w.info().primary;
+        (metric, better == Better::Higher)
+    })
+}
+
+/// The case a result belongs to (its workload's case keys and their values), empty for a single-case workload.
+fn case(r: &RunResult) -> String {
+    let keys = workloads::by_name(&r.workload)
+        .map(|w| w.info().case_keys)
+        .unwrap_or(&[]);
+    keys.iter()
+        .filter_map(|k| r.params.get(*k).map(|v| format!("{k}={v}")))
+        .collect::<Vec<_>>()
+        .join(" ")
 }
 
 /// One check and its outcome.
@@ -73,13 +83,8 @@ pub fn ratios(results: &[RunResult]) -> BTreeMap<(String, String), f64> {
     // Group by (workload, setting, round): the runs that were measured side by side.
     let mut groups: BTreeMap<(String, String, u32), Vec<&RunResult>> = BTreeMap::new();
     for r in results.iter().filter(|r| r.skipped.is_none()) {
-        let setting = r
-            .params
-            .get("rtt_ms")
-            .map(|v| v.to_string())
-            .unwrap_or_default();
         groups
-            .entry((r.workload.clone(), setting, r.round))
+            .entry((r.workload.clone(), case(r), r.round))
             .or_default()
             .push(r);
     }
@@ -117,7 +122,7 @@ pub fn ratios(results: &[RunResult]) -> BTreeMap<(String, String), f64> {
                 let key = if setting.is_empty() {
                     workload.clone()
                 } else {
-                    format!("{workload} @{setting} ms")
+                    format!("{workload} @{setting}")
                 };
                 per.entry((key, format!("{} / {reference}", r.transport)))
                     .or_default()
@@ -192,11 +197,10 @@ pub fn compare(a: &[RunResult], b: &[RunResult]) -> String {
         for r in rs.iter().filter(|r| r.skipped.is_none()) {
             if let Some((metric, _)) = primary(&r.workload) {
                 if let Some(v) = r.metric(metric) {
-                    let setting = r
-                        .params
-                        .get("rtt_ms")
-                        .map(|v| format!(" @{v} ms"))
-                        .unwrap_or_default();
+                    let setting = match case(r) {
+                        c if c.is_empty() => c,
+                        c => format!(" @{c}"),
+                    };
                     per.entry((
                         format!("{}{setting}: {metric}", r.workload),
                         r.transport.clone(),

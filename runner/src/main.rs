@@ -110,15 +110,15 @@ fn start_run(args: run::RunArgs) -> ExitCode {
         Ok(t) => t,
         Err(e) => return usage(&e),
     };
-    let kinds = match run::parse_workloads(&args.workload) {
-        Ok(k) => k,
+    let chosen = match run::parse_workloads(&args.workload) {
+        Ok(w) => w,
         Err(e) => return usage(&e),
     };
-    let plan = match run::plan(args.profile, &kinds, &args.params, &args.rtt) {
+    let plan = match run::plan(args.profile, &chosen, &args.params, &args.rtt) {
         Ok(p) => p,
         Err(e) => return usage(&e),
     };
-    transport_core::process::install_cleanup();
+    workloads::process::install_cleanup();
     let runtime = match tokio::runtime::Builder::new_multi_thread()
         .enable_all()
         .build()
@@ -126,7 +126,7 @@ fn start_run(args: run::RunArgs) -> ExitCode {
         Ok(r) => r,
         Err(e) => return finish(Err(e.into())),
     };
-    let r = runtime.block_on(run::run(args, transports, kinds, plan));
+    let r = runtime.block_on(run::run(args, transports, plan));
     drop(runtime);
     finish(r)
 }
@@ -202,16 +202,12 @@ fn compare_files(a: &std::path::Path, b: &std::path::Path) -> Result<()> {
 
 fn list() {
     println!("transports:");
-    for (name, what) in registry::variants() {
-        println!("  {name:<24} {what}");
+    for s in registry::specs() {
+        println!("  {:<24} {}", s.name, s.about);
     }
     println!("workloads:");
-    for w in transport_core::WorkloadKind::ALL {
-        let status = if run::implemented(w) {
-            ""
-        } else {
-            "  (not implemented yet)"
-        };
-        println!("  {w}{status}");
+    for w in workloads::ALL {
+        let info = w.info();
+        println!("  {:<24} {}", info.name, info.about);
     }
 }

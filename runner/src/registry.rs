@@ -1,34 +1,32 @@
-//! Every transport the runner knows, by the spec given on the command line.
+//! Every transport the runner knows: each transport crate's list of specs, in the order `runner list` shows them.
 
-use transport_core::Transport;
+use transport_core::{Spec, Transport};
 
-/// Every spec with its one-line description, in the order `runner list` shows them.
-pub fn variants() -> Vec<(&'static str, &'static str)> {
-    let mut v = Vec::new();
-    v.extend_from_slice(transport_pure::VARIANTS);
-    v.extend_from_slice(transport_quinn::VARIANTS);
-    v.extend_from_slice(transport_s2n_quic::VARIANTS);
-    v.extend_from_slice(transport_mqtt::VARIANTS);
-    v
+/// Every transport crate's specs. Adding a transport crate is one line here.
+const CRATES: &[&[Spec]] = &[
+    transport_pure::SPECS,
+    transport_quinn::SPECS,
+    transport_s2n_quic::SPECS,
+    transport_mqtt::SPECS,
+];
+
+/// Every spec, in the order `runner list` shows them.
+pub fn specs() -> impl Iterator<Item = &'static Spec> {
+    CRATES.iter().flat_map(|c| c.iter())
 }
 
 /// The transport for a spec such as `pure:plain`.
 pub fn transport(spec: &str) -> Result<Box<dyn Transport>, String> {
-    let found = transport_pure::transport(spec)
-        .or_else(|| {
-            (spec == "quinn")
-                .then(|| transport_quinn::transport(None))
-                .flatten()
-        })
-        .or_else(|| transport_s2n_quic::transport(spec))
-        .or_else(|| transport_mqtt::transport_for_spec(spec));
-    found.ok_or_else(|| {
-        let names: Vec<_> = variants().iter().map(|(n, _)| *n).collect();
-        format!(
-            "unknown transport `{spec}` (choose from: {})",
-            names.join(", ")
-        )
-    })
+    match specs().find(|s| s.name == spec) {
+        Some(s) => Ok((s.make)()),
+        None => {
+            let names: Vec<_> = specs().map(|s| s.name).collect();
+            Err(format!(
+                "unknown transport `{spec}` (choose from: {})",
+                names.join(", ")
+            ))
+        }
+    }
 }
 
 /// Parse a comma-separated list of specs; the first unknown one is the error.
@@ -42,4 +40,20 @@ pub fn parse_list(list: &str) -> Result<Vec<Box<dyn Transport>>, String> {
         return Err("no transport given".into());
     }
     specs.into_iter().map(transport).collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn every_spec_makes_its_transport_and_names_are_unique() {
+        let mut seen = std::collections::HashSet::new();
+        for s in specs() {
+            assert_eq!((s.make)().spec(), s.name);
+            assert!(seen.insert(s.name), "{} twice", s.name);
+        }
+        let e = parse_list("pure,nope").err().unwrap();
+        assert!(e.contains("nope") && e.contains("quinn"), "{e}");
+    }
 }

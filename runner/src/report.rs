@@ -1,67 +1,17 @@
 //! Tables from results: medians of rounds with min-max, in the layout of the seeds' tables (Markdown via `tabled`).
+//!
+//! A workload's columns come from its [`Info`]; a workload the runner does not know (results of another version)
+//! gets every numeric metric. One table per case (e.g. per worker count), or, for a workload with a
+//! [`Sweep`](workloads::workload::Sweep), one table with a row per swept value. A transport the workload does not
+//! apply to gets one row saying why ("n/a: ...").
 
 use std::collections::BTreeMap;
 use tabled::builder::Builder;
 use tabled::settings::Style;
 use workloads::result::RunResult;
+use workloads::workload::{Column, Format, Info, Sweep};
 
-/// How one column of a workload's table is computed.
-struct Column {
-    header: &'static str,
-    metric: &'static str,
-    format: Format,
-}
-
-#[derive(Clone, Copy)]
-enum Format {
-    /// Median (min-max) of rounds, as integers with thousands separators.
-    Count,
-    /// Median (min-max) of rounds, two decimals.
-    Decimal,
-    /// Every round's value, as integers, in round order (the seeds' "three rounds" column).
-    Rounds,
-    /// The sum over rounds (hard invariants: lost, duplicates).
-    Sum,
-}
-
-fn columns(workload: &str) -> Vec<Column> {
-    use Format::*;
-    let c = |header, metric, format| Column {
-        header,
-        metric,
-        format,
-    };
-    match workload {
-        "drain" => vec![
-            c("orders/s, median (min-max)", "orders_per_second", Count),
-            c("orders/s, each round", "orders_per_second", Rounds),
-            c("server CPU µs/order", "server_cpu_us_per_order", Decimal),
-            c("server X25519", "server_x25519", Count),
-            c("re-sent", "client_resent", Count),
-            c("lost", "lost", Sum),
-            c("applied twice", "duplicates", Sum),
-        ],
-        "restart" => vec![
-            c("up again, ms", "up_ms", Decimal),
-            c("100 ms bins with nothing stored", "stall_bins", Count),
-            c("catch-up, s", "catch_up_s", Decimal),
-            c("server CPU s, 10 s after", "server_cpu_s_after", Decimal),
-            c("asymmetric ops after", "asym_ops_after", Count),
-            c("handshakes after", "handshakes_after", Count),
-            c("client CPU s, same 10 s", "client_cpu_s_after", Decimal),
-            c("re-sent", "resent", Count),
-            c("reconnects", "reconnects", Count),
-            c("to stored p99, ms", "make_to_stored_p99_ms", Decimal),
-            c("to stored max, ms", "make_to_stored_max_ms", Decimal),
-            c("orders", "orders_made", Count),
-            c("lost", "lost", Sum),
-            c("applied twice", "duplicates", Sum),
-        ],
-        _ => Vec::new(),
-    }
-}
-
-/// Render every workload's table, in the order workloads first appear.
+/// Render every workload's tables, in the order workloads first appear.
 pub fn render(results: &[RunResult]) -> String {
     let mut order: Vec<&str> = Vec::new();
     for r in results {
@@ -78,51 +28,90 @@ pub fn render(results: &[RunResult]) -> String {
     out
 }
 
-fn render_workload(workload: &str, results: &[&RunResult]) -> String {
-    if workload == "first-contact" {
-        return render_first_contact(results);
-    }
-    let mut by_transport: BTreeMap<usize, (&str, Vec<&RunResult>)> = BTreeMap::new();
-    let mut seen: Vec<&str> = Vec::new();
+/// The label of a result's case: the values of the workload's case keys (empty when there is one case).
+fn case_label(info: Option<&Info>, r: &RunResult) -> String {
+    let keys = info.map(|i| i.case_keys).unwrap_or(&[]);
+    keys.iter()
+        .filter_map(|k| r.params.get(*k).map(|v| format!("{k}={v}")))
+        .collect::<Vec<_>>()
+        .join(", ")
+}
+
+/// Results grouped by transport, in the order transports first appear, each group in round order.
+fn by_transport<'a>(results: &[&'a RunResult]) -> Vec<(&'a str, Vec<&'a RunResult>)> {
+    let mut groups: Vec<(&str, Vec<&RunResult>)> = Vec::new();
     for r in results {
-        let i = match seen.iter().position(|t| *t == r.transport) {
-            Some(i) => i,
-            None => {
-                seen.push(&r.transport);
-                seen.len() - 1
-            }
+        match groups.iter_mut().find(|(t, _)| *t == r.transport) {
+            Some((_, runs)) => runs.push(r),
+            None => groups.push((&r.transport, vec![r])),
+        }
+    }
+    for (_, runs) in &mut groups {
+        runs.sort_by_key(|r| r.round);
+    }
+    groups
+}
+
+fn render_workload(workload: &str, results: &[&RunResult]) -> String {
+    let info = workloads::by_name(workload).map(|w| w.info());
+    if let Some(sweep) = info.and_then(|i| i.sweep.as_ref()) {
+        return render_sweep(workload, sweep, results);
+    }
+    let columns: Vec<Column> = match info {
+        Some(i) => i.columns.to_vec(),
+        None => generic_columns(results),
+    };
+    // One table per case, in the order cases first appear; the transports it does not apply to join each table.
+    let mut cases: BTreeMap<usize, (String, Vec<&RunResult>)> = BTreeMap::new();
+    let mut labels: Vec<String> = Vec::new();
+    for r in results.iter().filter(|r| r.skipped.is_none()) {
+        let label = case_label(info, r);
+        let i = labels.iter().position(|l| *l == label).unwrap_or_else(|| {
+            labels.push(label.clone());
+            labels.len() - 1
+        });
+        cases.entry(i).or_insert((label, Vec::new())).1.push(r);
+    }
+    if cases.is_empty() {
+        cases.insert(0, (String::new(), Vec::new()));
+    }
+    let skipped: Vec<&RunResult> = results
+        .iter()
+        .copied()
+        .filter(|r| r.skipped.is_some())
+        .collect();
+    let mut out = String::new();
+    for (_, (label, mut runs)) in cases {
+        runs.extend(skipped.iter().copied());
+        let title = if label.is_empty() {
+            format!("### {workload}")
+        } else {
+            format!("### {workload} ({label})")
         };
-        by_transport
-            .entry(i)
-            .or_insert((&r.transport, Vec::new()))
-            .1
-            .push(r);
+        out.push_str(&format!("{title}\n\n{}\n\n", table(&columns, &runs)));
     }
-    let mut cols = columns(workload);
-    if cols.is_empty() {
-        cols = generic_columns(results);
-    }
+    out.push_str(&latency_table(results));
+    out
+}
+
+/// The standard table: a row per transport, the columns summarising its rounds.
+fn table(columns: &[Column], results: &[&RunResult]) -> String {
     let mut b = Builder::default();
     let mut header = vec!["transport".to_string(), "rounds".to_string()];
-    header.extend(cols.iter().map(|c| c.header.to_string()));
+    header.extend(columns.iter().map(|c| c.header.to_string()));
     b.push_record(header);
-    for (_, (transport, mut runs)) in by_transport {
-        runs.sort_by_key(|r| r.round);
+    for (transport, runs) in by_transport(results) {
         if let Some(reason) = runs.iter().find_map(|r| r.skipped.as_deref()) {
-            let mut row = vec![
-                transport.to_string(),
-                "-".into(),
-                format!("does not apply: {reason}"),
-            ];
+            let mut row = vec![transport.to_string(), "-".into(), format!("n/a: {reason}")];
             row.extend(std::iter::repeat_n(
                 String::new(),
-                cols.len().saturating_sub(1),
+                columns.len().saturating_sub(1),
             ));
             b.push_record(row);
             continue;
         }
         let mut row = vec![transport.to_string(), runs.len().to_string()];
-        for c in &cols {
+        for c in columns {
             let values: Vec<f64> = runs.iter().filter_map(|r| r.metric(c.metric)).collect();
             row.push(cell(&values, c.format));
         }
@@ -130,7 +119,7 @@ fn render_workload(workload: &str, results: &[&RunResult]) -> String {
     }
     let mut table = b.build();
     table.with(Style::markdown());
-    format!("### {workload}\n\n{table}\n{}", latency_table(results))
+    table.to_string()
 }
 
 /// The latency distributions of a workload: every histogram of every transport, rounds merged.
@@ -184,61 +173,68 @@ fn latency_table(results: &[&RunResult]) -> String {
     format!("\nLatency distributions (all rounds merged):\n\n{table}\n")
 }
 
-/// Seed 095's M4 layout: one row per RTT, a p50 and a round-trip column per transport (medians of rounds).
-fn render_first_contact(results: &[&RunResult]) -> String {
-    let mut transports: Vec<&str> = Vec::new();
-    let mut rtts: Vec<u64> = Vec::new();
-    for r in results {
-        if !transports.contains(&r.transport.as_str()) {
-            transports.push(&r.transport);
-        }
-        let rtt = r
-            .metric("rtt_ms")
-            .or_else(|| r.params["rtt_ms"].as_f64())
-            .unwrap_or(0.0) as u64;
-        if r.skipped.is_none() && !rtts.contains(&rtt) {
-            rtts.push(rtt);
-        }
-    }
-    rtts.sort_unstable();
+/// A sweep's table (seed 095's M4 layout): a row per value of the swept parameter, the shared columns, then
+/// each transport's columns side by side (medians of rounds).
+fn render_sweep(workload: &str, sweep: &Sweep, results: &[&RunResult]) -> String {
+    let value = |r: &RunResult| r.params.get(sweep.key).and_then(|v| v.as_f64());
+    let groups = by_transport(results);
+    let mut values: Vec<f64> = results
+        .iter()
+        .filter(|r| r.skipped.is_none())
+        .filter_map(|r| value(r))
+        .collect();
+    values.sort_by(f64::total_cmp);
+    values.dedup();
+    let applies = |runs: &[&RunResult]| runs.iter().all(|r| r.skipped.is_none());
     let mut b = Builder::default();
-    let mut header = vec![
-        "RTT, ms".to_string(),
-        "emulated RTT measured, ms".to_string(),
-    ];
-    for t in &transports {
-        header.push(format!("{t} p50, ms"));
-        header.push(format!("{t} round trips"));
+    let mut header = vec![sweep.header.to_string()];
+    header.extend(sweep.shared.iter().map(|c| c.header.to_string()));
+    for (t, runs) in &groups {
+        if applies(runs) {
+            header.extend(
+                sweep
+                    .per_transport
+                    .iter()
+                    .map(|c| format!("{t} {}", c.header)),
+            );
+        }
     }
     b.push_record(header);
-    for rtt in rtts {
-        let at: Vec<&&RunResult> = results
+    for v in values {
+        let at: Vec<&RunResult> = results
             .iter()
-            .filter(|r| r.metric("rtt_ms") == Some(rtt as f64))
+            .copied()
+            .filter(|r| r.skipped.is_none() && value(r) == Some(v))
             .collect();
-        let measured: Vec<f64> = at
-            .iter()
-            .filter_map(|r| r.metric("measured_rtt_ms"))
-            .collect();
-        let mut row = vec![rtt.to_string(), cell(&measured, Format::Decimal)];
-        for t in &transports {
-            let of: Vec<&&&RunResult> = at.iter().filter(|r| r.transport == *t).collect();
-            let p50: Vec<f64> = of.iter().filter_map(|r| r.metric("p50_ms")).collect();
-            let trips: Vec<f64> = of.iter().filter_map(|r| r.metric("round_trips")).collect();
-            row.push(cell(&p50, Format::Decimal));
-            row.push(cell(&trips, Format::Decimal));
+        let mut row = vec![thousands(v)];
+        for c in sweep.shared {
+            let xs: Vec<f64> = at.iter().filter_map(|r| r.metric(c.metric)).collect();
+            row.push(cell(&xs, c.format));
+        }
+        for (t, runs) in &groups {
+            if !applies(runs) {
+                continue;
+            }
+            for c in sweep.per_transport {
+                let xs: Vec<f64> = at
+                    .iter()
+                    .filter(|r| r.transport == *t)
+                    .filter_map(|r| r.metric(c.metric))
+                    .collect();
+                row.push(cell(&xs, c.format));
+            }
         }
         b.push_record(row);
     }
     let mut table = b.build();
     table.with(Style::markdown());
-    let mut out = format!("### first-contact\n\n{table}\n");
-    for r in results {
-        if let Some(reason) = &r.skipped {
-            out.push_str(&format!("\n{}: does not apply: {reason}\n", r.transport));
-            break;
+    let mut out = format!("### {workload}\n\n{table}\n");
+    for (t, runs) in &groups {
+        if let Some(reason) = runs.iter().find_map(|r| r.skipped.as_deref()) {
+            out.push_str(&format!("\n{t}: n/a: {reason}\n"));
         }
     }
+    out.push_str(&latency_table(results));
     out
 }
 
@@ -257,11 +253,7 @@ fn generic_columns(results: &[&RunResult]) -> Vec<Column> {
         .into_iter()
         .map(|n| {
             let n: &'static str = Box::leak(n.into_boxed_str());
-            Column {
-                header: n,
-                metric: n,
-                format: Format::Decimal,
-            }
+            Column::new(n, n, Format::Decimal)
         })
         .collect()
 }

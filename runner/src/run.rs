@@ -4,9 +4,10 @@ use anyhow::{bail, Context, Result};
 use clap::Args;
 use std::path::PathBuf;
 use std::sync::Arc;
-use transport_core::{Support, SyncPolicy, Transport, WorkloadKind};
+use transport_core::Transport;
+use transport_store::SyncPolicy;
 use workloads::result::{self, RunResult};
-use workloads::{Harness, Profile};
+use workloads::{AnyWorkload, Harness, Profile};
 
 /// Run workloads against transports.
 #[derive(Debug, Args)]
@@ -18,7 +19,7 @@ pub struct RunArgs {
         default_value = "pure:plain,pure:hpke-session,pure:hpke-per-request"
     )]
     pub transport: String,
-    /// Workloads to run, comma-separated.
+    /// Workloads to run, comma-separated (see `runner list`).
     #[arg(long, value_name = "LIST", default_value = "drain")]
     pub workload: String,
     /// Size of the runs: quick (CI-sized) or seed (the seeds' parameters).
@@ -36,56 +37,43 @@ pub struct RunArgs {
     /// When the store syncs: none, batch (one fsync per group) or each.
     #[arg(long, default_value = "batch")]
     pub sync: SyncPolicy,
-    /// Where runs keep their keys and stores (default: a temporary directory, removed at the end).
+    /// Where runs keep their keys and stores (default: a private temporary directory, removed at the end).
     #[arg(long)]
     pub work_dir: Option<PathBuf>,
-    /// Round trip times for first-contact, in milliseconds, comma-separated (default: the seed's 10,50,100).
+    /// Keep each run's keys and store in the work directory instead of removing them.
+    #[arg(long)]
+    pub keep: bool,
+    /// Round trip times for first-contact, in milliseconds, comma-separated (the same as `--param rtt_ms=...`).
     #[arg(long, value_name = "MS[,MS...]", value_delimiter = ',')]
     pub rtt: Vec<u64>,
-    /// Override a workload parameter, KEY=VALUE (repeatable; applies to every workload that has the key).
+    /// Set a workload parameter, KEY=VALUE, or sweep it, KEY=V1,V2 (repeatable; applies to every chosen workload
+    /// that has the key).
     #[arg(long = "param", value_name = "KEY=VALUE")]
     pub params: Vec<String>,
 }
 
 /// Parse the workload list; the first unknown one is the error.
-pub fn parse_workloads(list: &str) -> Result<Vec<WorkloadKind>, String> {
-    let ws: Vec<&str> = list
+pub fn parse_workloads(list: &str) -> Result<Vec<&'static dyn AnyWorkload>, String> {
+    let names: Vec<&str> = list
         .split(',')
         .map(str::trim)
         .filter(|s| !s.is_empty())
         .collect();
-    if ws.is_empty() {
+    if names.is_empty() {
         return Err("no workload given".into());
     }
-    ws.into_iter()
-        .map(|w| {
-            let kind: WorkloadKind = w.parse()?;
-            if implemented(kind) {
-                Ok(kind)
-            } else {
-                Err(format!(
-                    "workload `{w}` is not implemented yet (implemented: {})",
-                    implemented_names()
-                ))
-            }
+    names
+        .into_iter()
+        .map(|name| {
+            workloads::by_name(name).ok_or_else(|| {
+                let all: Vec<&str> = workloads::ALL.iter().map(|w| w.info().name).collect();
+                format!(
+                    "unknown workload `{name}` (choose from: {})",
+                    all.join(", ")
+                )
+            })
         })
         .collect()
-}
-
-pub fn implemented(kind: WorkloadKind) -> bool {
-    matches!(
-        kind,
-        WorkloadKind::Drain | WorkloadKind::Restart | WorkloadKind::FirstContact
-    )
-}
-
-fn implemented_names() -> String {
-    WorkloadKind::ALL
-        .iter()
-        .filter(|k| implemented(**k))
-        .map(|k| k.name())
-        .collect::<Vec<_>>()
-        .join(", ")
 }
 
 /// The transports of round `round`, rotated so that none always goes first.
@@ -93,76 +81,44 @@ pub fn rotation(n: usize, round: u32) -> Vec<usize> {
     (0..n).map(|i| (i + round as usize) % n.max(1)).collect()
 }
 
-/// The parameters of every workload for a profile, with the user's overrides applied.
+/// Each chosen workload with the parameter cases it runs.
 pub struct Plan {
-    drain: workloads::drain::DrainParams,
-    restart: workloads::restart::RestartParams,
-    first_contact: workloads::first_contact::FirstContactParams,
-    rtts: Vec<u64>,
+    pub workloads: Vec<(&'static dyn AnyWorkload, Vec<serde_json::Value>)>,
 }
 
-/// Build the plan; an override that fits none of the chosen workloads is an error.
+/// Build the plan: each workload's cases for the profile with the overrides applied; an override that fits none
+/// of the chosen workloads is an error.
 pub fn plan(
     profile: Profile,
-    kinds: &[WorkloadKind],
+    chosen: &[&'static dyn AnyWorkload],
     overrides: &[String],
     rtts: &[u64],
 ) -> Result<Plan, String> {
-    use workloads::first_contact::{FirstContactParams, SEED_RTTS_MS};
-    use workloads::harness::override_params;
-    let rtts = if rtts.is_empty() {
-        SEED_RTTS_MS.to_vec()
-    } else {
-        rtts.to_vec()
-    };
-    if let Some(bad) = rtts.iter().find(|&&r| r == 0 || r > 60_000) {
-        return Err(format!(
-            "--rtt {bad}: a round trip time must be between 1 and 60000 ms"
-        ));
+    let mut overrides = overrides.to_vec();
+    if !rtts.is_empty() {
+        let list: Vec<String> = rtts.iter().map(u64::to_string).collect();
+        overrides.push(format!("rtt_ms={}", list.join(",")));
     }
-    let mut plan = Plan {
-        drain: workloads::drain::DrainParams::for_profile(profile),
-        restart: workloads::restart::RestartParams::for_profile(profile),
-        first_contact: FirstContactParams::for_profile(profile, rtts[0]),
-        rtts,
-    };
-    for o in overrides {
-        let one = std::slice::from_ref(o);
-        let mut used = false;
-        let mut last_err = String::new();
-        for kind in kinds {
-            let r = match kind {
-                WorkloadKind::Drain => override_params(&plan.drain, one).map(|p| plan.drain = p),
-                WorkloadKind::Restart => {
-                    override_params(&plan.restart, one).map(|p| plan.restart = p)
-                }
-                WorkloadKind::FirstContact => {
-                    override_params(&plan.first_contact, one).map(|p| plan.first_contact = p)
-                }
-                _ => Err(String::new()),
-            };
-            match r {
-                Ok(()) => used = true,
-                Err(e) => last_err = e,
-            }
-        }
-        if !used {
-            return Err(if last_err.is_empty() {
-                format!("parameter `{o}` fits no chosen workload")
-            } else {
-                last_err
-            });
+    let mut keys: Vec<String> = chosen.iter().flat_map(|w| w.param_keys()).collect();
+    keys.sort();
+    keys.dedup();
+    for o in &overrides {
+        let key = workloads::params::key(o)?;
+        if !keys.iter().any(|k| k == key) {
+            return Err(format!(
+                "parameter `{key}` fits no chosen workload (choose from: {})",
+                keys.join(", ")
+            ));
         }
     }
-    Ok(plan)
+    let workloads = chosen
+        .iter()
+        .map(|w| Ok((*w, w.cases(profile, &overrides)?)))
+        .collect::<Result<_, String>>()?;
+    Ok(Plan { workloads })
 }
 
-pub async fn run(
-    args: RunArgs,
-    transports: Vec<Box<dyn Transport>>,
-    kinds: Vec<WorkloadKind>,
-    plan: Plan,
-) -> Result<()> {
+pub async fn run(args: RunArgs, transports: Vec<Box<dyn Transport>>, plan: Plan) -> Result<()> {
     if args.rounds == 0 {
         bail!("--rounds must be at least 1");
     }
@@ -180,8 +136,11 @@ pub async fn run(
             d.clone()
         }
         None => {
-            temp = tempdir()?;
-            temp.0.clone()
+            temp = tempfile::Builder::new()
+                .prefix("runner-")
+                .tempdir()
+                .context("creating a temporary work directory")?;
+            temp.path().to_path_buf()
         }
     };
     let harness = Harness {
@@ -191,50 +150,34 @@ pub async fn run(
         sync: args.sync,
         profile: args.profile,
         provenance,
+        keep: args.keep,
         progress: Arc::new(|line: &str| eprintln!("{line}")),
     };
     let mut results: Vec<RunResult> = Vec::new();
     let mut failures = 0;
-    for kind in &kinds {
-        // first-contact runs once per RTT; the others once.
-        let settings: Vec<Option<u64>> = match kind {
-            WorkloadKind::FirstContact => plan.rtts.iter().map(|r| Some(*r)).collect(),
-            _ => vec![None],
-        };
-        for setting in settings {
+    for (workload, cases) in &plan.workloads {
+        let name = workload.info().name;
+        for case in cases {
             for round in 0..args.rounds {
                 for i in rotation(transports.len(), round) {
                     let t = transports[i].as_ref();
-                    let r = match t.supports(*kind) {
-                        Support::No(reason) => {
-                            let mut r = harness.result(
-                                kind.name(),
-                                t.spec(),
-                                round,
-                                &serde_json::json!({}),
-                            );
-                            r.skipped = Some(reason.to_string());
-                            r
-                        }
-                        Support::Yes => {
-                            eprintln!(
-                                "{kind} · {} · round {}/{}",
-                                t.spec(),
-                                round + 1,
-                                args.rounds
-                            );
-                            match run_one(&harness, &plan, *kind, setting, t, round).await {
-                                Ok(r) => r,
-                                Err(e) => {
-                                    eprintln!("error: {kind} {} round {round}: {e:#}", t.spec());
-                                    failures += 1;
-                                    continue;
-                                }
-                            }
+                    eprintln!(
+                        "{name} · {} · round {}/{}",
+                        t.spec(),
+                        round + 1,
+                        args.rounds
+                    );
+                    let r = match harness.run(*workload, t, round, case).await {
+                        Ok(r) => r,
+                        Err(e) => {
+                            eprintln!("error: {name} {} round {round}: {e:#}", t.spec());
+                            failures += 1;
+                            continue;
                         }
                     };
-                    if r.skipped.is_none() {
-                        eprintln!("  {}", summary(&r));
+                    match &r.skipped {
+                        Some(reason) => eprintln!("  n/a: {reason}"),
+                        None => eprintln!("  {}", summary(*workload, &r)),
                     }
                     result::append(&out, std::slice::from_ref(&r))
                         .with_context(|| format!("writing {}", out.display()))?;
@@ -251,72 +194,30 @@ pub async fn run(
     Ok(())
 }
 
-async fn run_one(
-    h: &Harness,
-    plan: &Plan,
-    kind: WorkloadKind,
-    setting: Option<u64>,
-    t: &dyn Transport,
-    round: u32,
-) -> Result<RunResult> {
-    Ok(match kind {
-        WorkloadKind::FirstContact => {
-            let mut p = plan.first_contact.clone();
-            p.rtt_ms = setting.unwrap_or(p.rtt_ms);
-            workloads::first_contact::run(h, t, round, &p).await?
-        }
-        WorkloadKind::Drain => workloads::drain::run(h, t, round, &plan.drain).await?,
-        WorkloadKind::Restart => workloads::restart::run(h, t, round, &plan.restart).await?,
-        other => bail!("workload `{other}` is not implemented yet"),
-    })
-}
-
-fn summary(r: &RunResult) -> String {
-    let keys = [
-        "orders_per_second",
-        "rtt_ms",
-        "p50_ms",
-        "round_trips",
-        "up_ms",
-        "stall_bins",
-        "catch_up_s",
-        "asym_ops_after",
-        "handshakes_after",
-        "resent",
-        "lost",
-        "duplicates",
-        "server_cpu_s",
-    ];
-    keys.iter()
-        .filter_map(|k| {
-            r.metric(k).map(|v| {
-                format!(
-                    "{k}={}",
-                    if v.fract() == 0.0 {
-                        format!("{v}")
-                    } else {
-                        format!("{v:.2}")
-                    }
-                )
+/// One line per run: the workload's columns that have a value.
+fn summary(workload: &dyn AnyWorkload, r: &RunResult) -> String {
+    let mut seen = Vec::new();
+    workload
+        .info()
+        .columns
+        .iter()
+        .filter(|c| {
+            let new = !seen.contains(&c.metric);
+            seen.push(c.metric);
+            new
+        })
+        .filter_map(|c| {
+            r.metric(c.metric).map(|v| {
+                let v = if v.fract() == 0.0 {
+                    format!("{v}")
+                } else {
+                    format!("{v:.2}")
+                };
+                format!("{}={v}", c.metric)
             })
         })
         .collect::<Vec<_>>()
         .join(" ")
-}
-
-/// A temporary directory removed on drop.
-struct TempDir(PathBuf);
-
-impl Drop for TempDir {
-    fn drop(&mut self) {
-        let _ = std::fs::remove_dir_all(&self.0);
-    }
-}
-
-fn tempdir() -> Result<TempDir> {
-    let base = std::env::temp_dir().join(format!("runner-{}", std::process::id()));
-    std::fs::create_dir_all(&base).with_context(|| format!("creating {}", base.display()))?;
-    Ok(TempDir(base))
 }
 
 #[cfg(test)]
@@ -332,7 +233,24 @@ mod tests {
 
     #[test]
     fn unknown_workloads_name_the_choices() {
-        let e = parse_workloads("drain,nope").unwrap_err();
+        let e = parse_workloads("drain,nope").err().unwrap();
         assert!(e.contains("nope") && e.contains("drain"), "{e}");
+    }
+
+    #[test]
+    fn overrides_sweep_and_must_fit_a_workload() {
+        let chosen = parse_workloads("drain,first-contact").unwrap();
+        let p = plan(Profile::Quick, &chosen, &["orders=500".into()], &[20, 40]).unwrap();
+        let (_, drain) = &p.workloads[0];
+        assert_eq!(drain[0]["orders"], 500);
+        let (_, fc) = &p.workloads[1];
+        let rtts: Vec<u64> = fc.iter().map(|c| c["rtt_ms"].as_u64().unwrap()).collect();
+        assert_eq!(rtts, vec![20, 40]);
+        let e = plan(Profile::Quick, &chosen, &["nope=1".into()], &[])
+            .err()
+            .unwrap();
+        assert!(e.contains("nope"), "{e}");
+        let e = plan(Profile::Quick, &chosen, &[], &[0]).err().unwrap();
+        assert!(e.contains("between 1 and 60000"), "{e}");
     }
 }

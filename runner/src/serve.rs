@@ -10,9 +10,9 @@ use std::net::SocketAddr;
 use std::path::PathBuf;
 use std::sync::Arc;
 use tokio::io::AsyncBufReadExt;
-use transport_core::process::{ReadyLine, ReadyMessage};
-use transport_core::store::Store;
-use transport_core::{Counters, ServeConfig, StoreHandle, SyncPolicy};
+use transport_core::{Counters, ServeConfig, Transport};
+use transport_store::{Store, StoreHandle, SyncPolicy};
+use workloads::process::{ReadyLine, ReadyMessage};
 
 /// Serve one transport.
 #[derive(Debug, Args)]
@@ -35,16 +35,37 @@ pub struct ServeArgs {
     /// Threads of the server's runtime.
     #[arg(long, default_value_t = 1)]
     pub server_threads: usize,
-    /// An allowed sender, NAME=KEY (repeatable); replaces the identity directory's list.
+    /// Pure: an allowed sender, NAME=KEY (repeatable); replaces the identity directory's list.
     #[arg(long = "sender", value_name = "NAME=KEY")]
     pub senders: Vec<String>,
-    /// A file of NAME=KEY lines; replaces the identity directory's list.
+    /// Pure: a file of NAME=KEY lines; replaces the identity directory's list.
     #[arg(long = "senders", value_name = "FILE")]
     pub senders_file: Option<PathBuf>,
 }
 
+/// The transport to serve: the spec's, with Pure's allow-list from the command line where one is given.
+fn transport(args: &ServeArgs) -> Result<Box<dyn Transport>> {
+    let mut senders = args.senders.clone();
+    if let Some(f) = &args.senders_file {
+        senders.push(format!("@{}", f.display()));
+    }
+    if senders.is_empty() {
+        return crate::registry::transport(&args.transport).map_err(anyhow::Error::msg);
+    }
+    match transport_pure::variant(&args.transport) {
+        Some(pure) => Ok(Box::new(pure.with_senders(senders))),
+        None => {
+            crate::registry::transport(&args.transport).map_err(anyhow::Error::msg)?;
+            bail!(
+                "--sender and --senders apply to the Pure transports only, not `{}`",
+                args.transport
+            )
+        }
+    }
+}
+
 pub fn run(args: ServeArgs) -> Result<()> {
-    let transport = crate::registry::transport(&args.transport).map_err(anyhow::Error::msg)?;
+    let transport = transport(&args)?;
     if args.server_threads == 0 {
         bail!("--server-threads must be at least 1");
     }
@@ -55,10 +76,6 @@ pub fn run(args: ServeArgs) -> Result<()> {
             "store: cut a torn tail of {} bytes after {} records",
             recovery.truncated_bytes, recovery.records
         );
-    }
-    let mut senders = args.senders.clone();
-    if let Some(f) = &args.senders_file {
-        senders.push(format!("@{}", f.display()));
     }
     let runtime = if args.server_threads == 1 {
         tokio::runtime::Builder::new_current_thread()
@@ -77,10 +94,8 @@ pub fn run(args: ServeArgs) -> Result<()> {
         let config = ServeConfig {
             listen: args.listen,
             identity: args.identity.clone(),
-            store: store.clone(),
-            threads: args.server_threads,
+            store: Arc::new(store.clone()),
             counters: counters.clone(),
-            senders,
             ready: ready_tx,
         };
         let mut server = tokio::spawn(transport.serve(config));
@@ -107,6 +122,7 @@ pub fn run(args: ServeArgs) -> Result<()> {
                 addr: ready.addr,
                 public_key: ready.public_key,
                 pid: std::process::id(),
+                serving_pid: ready.serving_pid,
             },
         };
         print_line(&serde_json::to_string(&line)?)?;
@@ -125,13 +141,16 @@ pub fn run(args: ServeArgs) -> Result<()> {
                     match line? {
                         None => return Ok(()),
                         Some(l) if l.trim() == "stats" => {
-                            // CPU from getrusage: microsecond resolution, every thread, exited ones included.
-                            let cpu_s = transport_core::sample::self_cpu_time().map(|d| d.as_secs_f64()).unwrap_or(0.0);
-                            let v = serde_json::json!({
-                                "counters": counters.snapshot(),
-                                "store": store.stats(),
-                                "cpu_s": cpu_s,
-                            });
+                            // CPU from getrusage: microsecond resolution, every thread, exited ones included. A
+                            // figure that cannot be read is reported as an error, never as zero.
+                            let v = match transport_core::procfs::self_cpu_time() {
+                                Ok(cpu) => serde_json::json!({
+                                    "counters": counters.snapshot(),
+                                    "store": store.stats(),
+                                    "cpu_s": cpu.as_secs_f64(),
+                                }),
+                                Err(e) => serde_json::json!({ "error": format!("getrusage: {e}") }),
+                            };
                             print_line(&v.to_string())?;
                         }
                         Some(_) => print_line("{\"error\":\"unknown command\"}")?,

@@ -3,8 +3,9 @@
 use std::net::SocketAddr;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
-use transport_core::{device_name, sender_id, LinkEvent, Order, OrderId, SyncPolicy};
-use workloads::harness::{self, Harness, Profile, RunDirs};
+use transport_core::{device_name, sender_id, LinkEvent, Order, OrderId, Transport};
+use transport_store::SyncPolicy;
+use workloads::harness::{self, Harness, Profile, Run};
 
 fn harness(dir: &std::path::Path) -> Harness {
     Harness {
@@ -14,8 +15,17 @@ fn harness(dir: &std::path::Path) -> Harness {
         sync: SyncPolicy::Batch,
         profile: Profile::Quick,
         provenance: Default::default(),
+        keep: false,
         progress: Arc::new(|_| {}),
     }
+}
+
+/// A run of `t` by hand, named `name`, with an identity for `devices` devices.
+fn begin<'a>(h: &'a Harness, t: &'a dyn Transport, name: &str, devices: u32) -> Run<'a> {
+    let result = h.result(name, t.spec(), 0, serde_json::json!({}));
+    let run = h.begin(t, 0, result).unwrap();
+    run.prepare(devices).unwrap();
+    run
 }
 
 fn order(device: u32, run: u64, seq: u64) -> Order {
@@ -52,15 +62,10 @@ async fn a_server_killed_mid_drain_loses_no_acknowledged_order_and_applies_none_
     for spec in ["pure", "pure:hpke-session", "pure:plain"] {
         let dir = tempfile::tempdir().unwrap();
         let h = harness(dir.path());
-        let t = transport_pure::transport(spec).unwrap();
-        let dirs = h.dirs("kill", spec, 0).unwrap();
-        t.prepare(&dirs.identity, 4).unwrap();
-        let mut server = h
-            .start_server(spec, harness::any_loopback(), &dirs)
-            .await
-            .unwrap();
-        let addr = server.ready().addr;
-        let mut f = h.fleet(t.as_ref(), addr, &dirs, 4).await.unwrap();
+        let t = Box::new(transport_pure::variant(spec).unwrap());
+        let mut run = begin(&h, t.as_ref(), "kill", 4);
+        let addr = run.start_server().await.unwrap();
+        let mut f = run.fleet(addr, 4).await.unwrap();
         let mut made = Vec::new();
         for seq in 0..3000u64 {
             let o = order((seq % 4) as u32, 7, seq);
@@ -69,17 +74,16 @@ async fn a_server_killed_mid_drain_loses_no_acknowledged_order_and_applies_none_
         }
         let mut acked = Vec::new();
         wait_stored(&mut f.events, &mut acked, 500, Duration::from_secs(30)).await;
-        server.kill().await.unwrap();
+        run.server().unwrap().kill().await.unwrap();
         let acked_before_kill = acked.clone();
         // The log holds every order answered before the kill.
-        let audit =
-            transport_core::store::audit(&dirs.store, &acked_before_kill, &acked_before_kill)
-                .unwrap();
+        let audit = transport_store::audit(&run.dirs.store, &acked_before_kill, &acked_before_kill)
+            .unwrap();
         assert_eq!(
             audit.acked_not_applied, 0,
             "{spec}: an answered order is durable"
         );
-        let mut server = h.start_server(spec, addr, &dirs).await.unwrap();
+        run.start_server().await.unwrap();
         wait_stored(
             &mut f.events,
             &mut acked,
@@ -88,8 +92,9 @@ async fn a_server_killed_mid_drain_loses_no_acknowledged_order_and_applies_none_
         )
         .await;
         f.fleet.close().await;
-        server.shutdown().await.unwrap();
-        let audit = transport_core::store::audit(&dirs.store, &made, &acked).unwrap();
+        run.server().unwrap().shutdown().await.unwrap();
+        let audit = transport_store::audit(&run.dirs.store, &made, &acked).unwrap();
+        run.finish().await;
         assert!(audit.is_clean(), "{spec}: {audit:?}");
         assert_eq!(audit.applied, 3000, "{spec}");
         let distinct: std::collections::HashSet<_> = acked.iter().collect();
@@ -119,15 +124,11 @@ async fn garbage_and_forged_records_are_refused_and_counted_while_the_run_goes_o
     let spec = "pure";
     let dir = tempfile::tempdir().unwrap();
     let h = harness(dir.path());
-    let t = transport_pure::transport(spec).unwrap();
-    let dirs: RunDirs = h.dirs("refuse", spec, 0).unwrap();
-    t.prepare(&dirs.identity, 2).unwrap();
-    let mut server = h
-        .start_server(spec, harness::any_loopback(), &dirs)
-        .await
-        .unwrap();
-    let addr = server.ready().addr;
-    let mut f = h.fleet(t.as_ref(), addr, &dirs, 2).await.unwrap();
+    let t = Box::new(transport_pure::variant(spec).unwrap());
+    let mut run = begin(&h, t.as_ref(), "refuse", 2);
+    let addr = run.start_server().await.unwrap();
+    let mut f = run.fleet(addr, 2).await.unwrap();
+    let dirs = run.dirs.clone();
 
     // Records from a node that is not allowed, and the same records claiming device 0's key id.
     let node_public = transport_core::keys::read_key32(&dirs.identity.join("node.pub")).unwrap();
@@ -171,15 +172,16 @@ async fn garbage_and_forged_records_are_refused_and_counted_while_the_run_goes_o
         }
     }
     wait_stored(&mut f.events, &mut acked, 400, Duration::from_secs(30)).await;
-    let stats = server.stats().await.unwrap();
+    let stats = run.server().unwrap().stats().await.unwrap();
     let c: transport_core::CounterSnapshot =
         serde_json::from_value(stats["counters"].clone()).unwrap();
     assert!(c.refused_malformed >= 49, "{c:?}");
     assert_eq!(c.refused_unknown, 5, "{c:?}");
     assert_eq!(c.refused_forged, 5, "{c:?}");
     f.fleet.close().await;
-    server.shutdown().await.unwrap();
-    let audit = transport_core::store::audit(&dirs.store, &made, &acked).unwrap();
+    run.server().unwrap().shutdown().await.unwrap();
+    let audit = transport_store::audit(&dirs.store, &made, &acked).unwrap();
+    run.finish().await;
     assert!(
         audit.is_clean(),
         "nothing from the impostor was applied: {audit:?}"
@@ -370,17 +372,10 @@ async fn devices_sharing_a_socket_each_get_their_answers() {
     let devices = 48u32;
     let dir = tempfile::tempdir().unwrap();
     let h = harness(dir.path());
-    let t = transport_pure::transport(spec).unwrap();
-    let dirs = h.dirs("shared", spec, 0).unwrap();
-    t.prepare(&dirs.identity, devices).unwrap();
-    let mut server = h
-        .start_server(spec, harness::any_loopback(), &dirs)
-        .await
-        .unwrap();
-    let mut f = h
-        .fleet(t.as_ref(), server.ready().addr, &dirs, devices)
-        .await
-        .unwrap();
+    let t = Box::new(transport_pure::variant(spec).unwrap());
+    let mut run = begin(&h, t.as_ref(), "shared", devices);
+    let addr = run.start_server().await.unwrap();
+    let mut f = run.fleet(addr, devices).await.unwrap();
     let mut acked = Vec::new();
     for seq in 0..5u64 {
         for d in 0..devices {
@@ -400,5 +395,5 @@ async fn devices_sharing_a_socket_each_get_their_answers() {
         "no answer was dropped as another device's: {c:?}"
     );
     f.fleet.close().await;
-    server.shutdown().await.unwrap();
+    run.finish().await;
 }

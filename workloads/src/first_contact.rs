@@ -11,12 +11,12 @@
 //! `p50_ms`, `p99_ms`, `round_trips` (p50 / RTT), `handshakes` (client side); histogram `time_to_stored`.
 
 use crate::emulator::{LinkConfig, LinkEmulator};
-use crate::harness::{self, any_loopback, Harness, WorkloadError};
+use crate::harness::{self, Profile, Run, Waited, WorkloadError};
 use crate::hist;
-use crate::result::RunResult;
+use crate::workload::{Better, Column, Format, Info, Metric, Sweep, Workload};
 use serde::{Deserialize, Serialize};
 use std::time::{Duration, Instant};
-use transport_core::{LinkEvent, Order, OrderId, Transport};
+use transport_core::{BoxFuture, LinkEvent, Need};
 
 /// The first-contact workload's parameters.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -31,97 +31,188 @@ pub struct FirstContactParams {
     pub timeout_s: u64,
 }
 
-impl FirstContactParams {
-    /// Seed 095's M4 (100 peers) or a CI-sized run, at one RTT.
-    pub fn for_profile(profile: harness::Profile, rtt_ms: u64) -> FirstContactParams {
-        let peers = match profile {
-            harness::Profile::Seed => 100,
-            harness::Profile::Quick => 20,
-        };
-        FirstContactParams {
-            peers,
-            rtt_ms,
-            payload_bytes: 64,
-            timeout_s: 10,
-        }
-    }
-}
-
 /// The RTTs of seed 095's M4, in milliseconds.
 pub const SEED_RTTS_MS: [u64; 3] = [10, 50, 100];
 
-/// Run one round of first contact at `p.rtt_ms`.
-pub async fn run(
-    h: &Harness,
-    transport: &dyn Transport,
-    round: u32,
-    p: &FirstContactParams,
-) -> Result<RunResult, WorkloadError> {
-    let spec = transport.spec();
-    let dirs = h.dirs(&format!("first-contact-{}ms", p.rtt_ms), spec, round)?;
-    transport.prepare(&dirs.identity, p.peers)?;
-    let mut server = h.start_server(spec, any_loopback(), &dirs).await?;
+/// The first-contact workload.
+#[derive(Debug, Clone, Copy)]
+pub struct FirstContact;
+
+const INFO: Info = Info {
+    name: "first-contact",
+    about:
+        "one order to each of many peers never met, over the link emulator at a set round trip time",
+    needs: &[Need::StoredAnswers],
+    metrics: &[
+        Metric {
+            key: "rtt_ms",
+            unit: "ms",
+            about: "the round trip time the emulator adds (the setting)",
+        },
+        Metric {
+            key: "measured_rtt_ms",
+            unit: "ms",
+            about: "what the emulator added, the medians of both directions",
+        },
+        Metric {
+            key: "p50_ms",
+            unit: "ms",
+            about: "median time from handing an order over to \"stored\"",
+        },
+        Metric {
+            key: "p99_ms",
+            unit: "ms",
+            about: "99th percentile of the same",
+        },
+        Metric {
+            key: "round_trips",
+            unit: "RTTs",
+            about: "p50 / RTT",
+        },
+        Metric {
+            key: "handshakes",
+            unit: "count",
+            about: "handshakes the client side made",
+        },
+        Metric {
+            key: "client_asym_ops",
+            unit: "count",
+            about: "asymmetric operations of the client side",
+        },
+        Metric {
+            key: "lost",
+            unit: "count",
+            about: "acknowledged orders missing from the store's log",
+        },
+        Metric {
+            key: "duplicates",
+            unit: "count",
+            about: "orders applied more than once",
+        },
+    ],
+    columns: &[
+        Column::new("RTT, ms", "rtt_ms", Format::Count),
+        Column::new("measured RTT, ms", "measured_rtt_ms", Format::Decimal),
+        Column::new("p50, ms", "p50_ms", Format::Decimal),
+        Column::new("round trips", "round_trips", Format::Decimal),
+        Column::new("p99, ms", "p99_ms", Format::Decimal),
+        Column::new("handshakes", "handshakes", Format::Count),
+        Column::new("lost", "lost", Format::Sum),
+        Column::new("applied twice", "duplicates", Format::Sum),
+    ],
+    primary: ("round_trips", Better::Lower),
+    case_keys: &["rtt_ms"],
+    sweep: Some(Sweep {
+        key: "rtt_ms",
+        header: "RTT, ms",
+        shared: &[Column::new(
+            "emulated RTT measured, ms",
+            "measured_rtt_ms",
+            Format::Decimal,
+        )],
+        per_transport: &[
+            Column::new("p50, ms", "p50_ms", Format::Decimal),
+            Column::new("round trips", "round_trips", Format::Decimal),
+        ],
+    }),
+};
+
+impl Workload for FirstContact {
+    type Params = FirstContactParams;
+
+    fn info(&self) -> &'static Info {
+        &INFO
+    }
+
+    /// Seed 095's M4 (100 peers at 10, 50 and 100 ms) or a CI-sized run at the same RTTs.
+    fn cases(&self, profile: Profile) -> Vec<FirstContactParams> {
+        let peers = match profile {
+            Profile::Seed => 100,
+            Profile::Quick => 20,
+        };
+        SEED_RTTS_MS
+            .iter()
+            .map(|&rtt_ms| FirstContactParams {
+                peers,
+                rtt_ms,
+                payload_bytes: 64,
+                timeout_s: 10,
+            })
+            .collect()
+    }
+
+    fn check(&self, p: &FirstContactParams) -> Result<(), String> {
+        if p.rtt_ms == 0 || p.rtt_ms > 60_000 {
+            return Err(format!(
+                "rtt_ms {}: a round trip time must be between 1 and 60000 ms",
+                p.rtt_ms
+            ));
+        }
+        if p.peers == 0 {
+            return Err("peers must be at least 1".into());
+        }
+        Ok(())
+    }
+
+    fn run<'a>(
+        &'a self,
+        run: &'a mut Run<'_>,
+        params: &'a FirstContactParams,
+    ) -> BoxFuture<'a, Result<(), WorkloadError>> {
+        Box::pin(first_contact(run, params))
+    }
+}
+
+async fn first_contact(run: &mut Run<'_>, p: &FirstContactParams) -> Result<(), WorkloadError> {
+    run.prepare(p.peers)?;
+    let addr = run.start_server().await?;
     let config = LinkConfig::with_rtt(Duration::from_millis(p.rtt_ms));
-    let link = LinkEmulator::start(server.ready().addr, config)?;
-    let mut f = h.fleet(transport, link.addr(), &dirs, p.peers).await?;
+    let link = LinkEmulator::start(addr, config)?;
+    let mut f = run.fleet(link.addr(), p.peers).await?;
     let mut times = hist::new();
     let mut made = Vec::new();
     let mut acked = Vec::new();
     for d in 0..p.peers {
-        let id = OrderId {
-            sender: transport_core::sender_id(&transport_core::device_name(d)),
-            run: harness::new_run(),
-            seq: 0,
-        };
-        let order = Order {
-            id,
-            made_us: harness::unix_us(),
-            payload: harness::payload(&id, p.payload_bytes as usize),
-        };
+        let order = harness::order(d, harness::new_run(), 0, p.payload_bytes as usize);
+        let id = order.id;
         made.push(id);
         let t0 = Instant::now();
         f.fleet.send(d, order);
         let deadline = t0 + Duration::from_secs(p.timeout_s);
-        loop {
-            match tokio::time::timeout_at(deadline.into(), f.events.recv()).await {
-                Ok(Some(LinkEvent::Stored { id: got, at, .. })) if got == id => {
+        let waited = f
+            .until(deadline, |event| match *event {
+                LinkEvent::Stored { id: got, at, .. } if got == id => {
                     hist::record(&mut times, at.saturating_duration_since(t0));
                     acked.push(id);
-                    break;
+                    true
                 }
-                Ok(Some(_)) => {}
-                _ => {
-                    return Err(WorkloadError::Timeout(format!(
-                        "peer {d}'s first order was not answered within {} s",
-                        p.timeout_s
-                    )))
-                }
-            }
+                _ => false,
+            })
+            .await;
+        if waited != Waited::Done {
+            return Err(WorkloadError::Timeout(format!(
+                "peer {d}'s first order was not answered within {} s",
+                p.timeout_s
+            )));
         }
     }
     let client = f.counters.snapshot();
     f.fleet.close().await;
-    let _ = server.shutdown().await;
+    run.server()?.shutdown().await?;
     let measured = {
         let m = link.measured();
         (m.to_server.p50_us + m.to_client.p50_us) / 1e3
     };
-    let audit = transport_core::store::audit(&dirs.store, &made, &acked)?;
+    run.audit(&made, &acked)?;
 
     let p50 = hist::quantile_ms(&times, 0.5);
-    let mut r = h.result("first-contact", spec, round, p);
-    let m = &mut r.metrics;
-    m.insert("rtt_ms".into(), p.rtt_ms.into());
-    m.insert("measured_rtt_ms".into(), measured.into());
-    m.insert("p50_ms".into(), p50.into());
-    m.insert("p99_ms".into(), hist::quantile_ms(&times, 0.99).into());
-    m.insert("round_trips".into(), (p50 / p.rtt_ms.max(1) as f64).into());
-    m.insert("handshakes".into(), client.handshakes.into());
-    m.insert("client_asym_ops".into(), client.asym_ops().into());
-    m.insert("lost".into(), audit.lost.into());
-    m.insert("duplicates".into(), audit.duplicates.into());
-    r.histograms
-        .insert("time_to_stored".into(), hist::encode(&times));
-    harness::clean(&dirs, false);
-    Ok(r)
+    run.metric("rtt_ms", p.rtt_ms);
+    run.metric("measured_rtt_ms", measured);
+    run.metric("p50_ms", p50);
+    run.metric("p99_ms", hist::quantile_ms(&times, 0.99));
+    run.metric("round_trips", p50 / p.rtt_ms.max(1) as f64);
+    run.metric("handshakes", client.handshakes);
+    run.metric("client_asym_ops", client.asym_ops());
+    run.histogram("time_to_stored", &times);
+    Ok(())
 }

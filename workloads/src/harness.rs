@@ -1,18 +1,25 @@
-//! What every workload needs around a transport: directories for a run, the server process, the fleet of
-//! devices, the events they report, and the provenance of the numbers.
+//! What every workload shares, written once: the settings of an invocation ([`Harness`]), and one [`Run`] of a
+//! workload against a transport, which owns the run's directories, the server process, the result being filled in
+//! and the clean-up; a [`FleetHandle`] waits for the links' events until a deadline.
+//!
+//! Errors are errors: a server that cannot answer its control line fails the run ([`Run::server_stats`]), it never
+//! reads as zeros.
 
+use crate::process::{ProcessError, ServerProcess};
 use crate::result::{Provenance, RunResult, SCHEMA};
-use serde::Serialize;
+use crate::workload::Info;
+use serde::{Deserialize, Serialize};
 use std::collections::BTreeMap;
 use std::net::SocketAddr;
 use std::path::PathBuf;
 use std::sync::Arc;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 use tokio::sync::mpsc;
-use transport_core::process::{ProcessError, ServerProcess};
 use transport_core::{
-    CounterSnapshot, Counters, Fleet, FleetConfig, LinkEvent, SyncPolicy, Transport,
+    Capabilities, CounterSnapshot, Counters, Fleet, FleetConfig, LinkEvent, Need, OrderId,
+    Transport,
 };
+use transport_store::{StoreStats, SyncPolicy};
 
 /// Errors a workload returns.
 #[derive(Debug, thiserror::Error)]
@@ -23,19 +30,25 @@ pub enum WorkloadError {
     /// The server process could not be started or controlled.
     #[error("server process: {0}")]
     Process(#[from] ProcessError),
+    /// The server's control line answered something that is not its statistics.
+    #[error("server statistics: {0}")]
+    Stats(String),
     /// The store's log could not be audited.
     #[error("store audit: {0}")]
-    Store(#[from] transport_core::StoreError),
+    Store(#[from] transport_store::StoreError),
     /// A file or socket operation failed.
     #[error("i/o: {0}")]
     Io(#[from] std::io::Error),
+    /// The parameters do not fit the workload.
+    #[error("parameters: {0}")]
+    Params(String),
     /// The run did not finish in time.
     #[error("{0}")]
     Timeout(String),
 }
 
 /// The size of a run.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, serde::Deserialize)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "lowercase")]
 pub enum Profile {
     /// CI-sized: seconds per run.
@@ -80,8 +93,65 @@ pub struct Harness {
     pub profile: Profile,
     /// Recorded in every result.
     pub provenance: Provenance,
+    /// Keep each run's directories (keys, store) instead of removing them.
+    pub keep: bool,
     /// Progress lines (the runner prints them on stderr).
     pub progress: Arc<dyn Fn(&str) + Send + Sync>,
+}
+
+impl Harness {
+    /// Say what is happening.
+    pub fn say(&self, line: &str) {
+        (self.progress)(line)
+    }
+
+    /// A result with the contract's fixed fields filled in and no metrics.
+    pub fn result(
+        &self,
+        workload: &str,
+        spec: &str,
+        round: u32,
+        params: serde_json::Value,
+    ) -> RunResult {
+        RunResult {
+            schema: SCHEMA,
+            workload: workload.to_string(),
+            transport: spec.to_string(),
+            round,
+            params,
+            metrics: BTreeMap::new(),
+            histograms: BTreeMap::new(),
+            provenance: self.provenance.clone(),
+            skipped: None,
+        }
+    }
+
+    /// Run one case of `workload` against `transport`: the result, or the reason it does not apply
+    /// ([`RunResult::skipped`]). The run's server is stopped and its directories removed however it ends.
+    pub async fn run(
+        &self,
+        workload: &dyn crate::AnyWorkload,
+        transport: &dyn Transport,
+        round: u32,
+        params: &serde_json::Value,
+    ) -> Result<RunResult, WorkloadError> {
+        let info = workload.info();
+        let mut result = self.result(info.name, transport.spec(), round, params.clone());
+        if let Some(reason) = not_applicable(info, &transport.capabilities()) {
+            result.skipped = Some(reason);
+            return Ok(result);
+        }
+        let mut run = self.begin(transport, round, result)?;
+        let outcome = workload.run_json(&mut run, params).await;
+        let result = run.finish().await;
+        outcome.map(|()| result)
+    }
+}
+
+/// Why `info` does not apply to a transport with `caps`, or `None` if it does.
+pub fn not_applicable(info: &Info, caps: &Capabilities) -> Option<String> {
+    caps.missing(info.needs)
+        .map(|(need, why)| format!("needs {}: {why}", need.describe()))
 }
 
 /// The directories of one run.
@@ -91,19 +161,52 @@ pub struct RunDirs {
     pub identity: PathBuf,
     /// The server's store.
     pub store: PathBuf,
+    /// Their parent, removed at the end of the run.
+    pub base: PathBuf,
+}
+
+/// What a server reports on its control line.
+#[derive(Debug, Clone, Copy, PartialEq, Deserialize)]
+pub struct ServerStats {
+    /// Its counters.
+    pub counters: CounterSnapshot,
+    /// What its store has done.
+    pub store: StoreStats,
+    /// Its CPU seconds (getrusage: every thread, microsecond resolution).
+    pub cpu_s: f64,
+}
+
+/// One run of one workload case against one transport.
+pub struct Run<'a> {
+    /// The invocation's settings.
+    pub harness: &'a Harness,
+    /// The transport under test.
+    pub transport: &'a dyn Transport,
+    /// The round, from 0.
+    pub round: u32,
+    /// Its directories.
+    pub dirs: RunDirs,
+    /// The result being filled in.
+    pub result: RunResult,
+    server: Option<ServerProcess>,
+    /// Where the server listens (a restart reuses the port the first start got).
+    listen: SocketAddr,
 }
 
 impl Harness {
-    /// Say what is happening.
-    pub fn say(&self, line: &str) {
-        (self.progress)(line)
-    }
-
-    /// Fresh directories for one run, named after it.
-    pub fn dirs(&self, workload: &str, spec: &str, round: u32) -> Result<RunDirs, WorkloadError> {
+    /// Begin a run that fills in `result` (for tools and tests that drive a transport by hand; workloads get theirs
+    /// from [`Harness::run`]): fresh directories, no server yet. End it with [`Run::finish`].
+    pub fn begin<'a>(
+        &'a self,
+        transport: &'a dyn Transport,
+        round: u32,
+        result: RunResult,
+    ) -> Result<Run<'a>, WorkloadError> {
         let base = self.work_dir.join(format!(
-            "{workload}-{}-r{round}",
-            spec.replace([':', '@', '/'], "_")
+            "{}-{}-r{round}-{}",
+            result.workload,
+            transport.spec().replace([':', '@', '/'], "_"),
+            std::process::id()
         ));
         if base.exists() {
             std::fs::remove_dir_all(&base)?;
@@ -111,63 +214,112 @@ impl Harness {
         let dirs = RunDirs {
             identity: base.join("identity"),
             store: base.join("store"),
+            base,
         };
         std::fs::create_dir_all(&dirs.identity)?;
-        Ok(dirs)
+        Ok(Run {
+            harness: self,
+            transport,
+            round,
+            dirs,
+            result,
+            server: None,
+            listen: any_loopback(),
+        })
+    }
+}
+
+impl<'a> Run<'a> {
+    /// The transport's spec.
+    pub fn spec(&self) -> &str {
+        self.transport.spec()
     }
 
-    /// The command that serves `spec` (a restart passes the port the first start got).
-    pub fn server_command(
-        &self,
-        spec: &str,
-        listen: SocketAddr,
-        dirs: &RunDirs,
-    ) -> tokio::process::Command {
-        let mut cmd = tokio::process::Command::new(&self.runner);
+    /// What the transport can do.
+    pub fn capabilities(&self) -> Capabilities {
+        self.transport.capabilities()
+    }
+
+    /// A progress line, prefixed with the run's name.
+    pub fn say(&self, what: &str) {
+        self.harness.say(&format!(
+            "{} {} round {}: {what}",
+            self.result.workload,
+            self.spec(),
+            self.round
+        ));
+    }
+
+    /// Write the server's identity and the credentials of `devices` devices.
+    pub fn prepare(&self, devices: u32) -> Result<(), WorkloadError> {
+        Ok(self.transport.prepare(&self.dirs.identity, devices)?)
+    }
+
+    /// Start the server (`runner serve`) and wait until it is ready; its address.
+    pub async fn start_server(&mut self) -> Result<SocketAddr, WorkloadError> {
+        if let Some(mut old) = self.server.take() {
+            let _ = old.kill().await;
+        }
+        let server = ServerProcess::start(self.server_command(), Duration::from_secs(30)).await?;
+        self.listen = server.ready().addr;
+        self.server = Some(server);
+        Ok(self.listen)
+    }
+
+    /// Kill the server with SIGKILL and start it again at once on the same port with the same identity and store.
+    pub async fn restart_server(&mut self) -> Result<(), WorkloadError> {
+        self.server()?.kill().await?;
+        self.server = None;
+        self.start_server().await?;
+        Ok(())
+    }
+
+    /// The running server.
+    pub fn server(&mut self) -> Result<&mut ServerProcess, WorkloadError> {
+        self.server
+            .as_mut()
+            .ok_or_else(|| WorkloadError::Stats("no server is running".into()))
+    }
+
+    /// The server's statistics from its control line; an error if it cannot answer or answers something else.
+    pub async fn server_stats(&mut self) -> Result<ServerStats, WorkloadError> {
+        let value = self.server()?.stats().await?;
+        serde_json::from_value(value.clone())
+            .map_err(|e| WorkloadError::Stats(format!("{e} in {value}")))
+    }
+
+    fn server_command(&self) -> tokio::process::Command {
+        let h = self.harness;
+        let mut cmd = tokio::process::Command::new(&h.runner);
         cmd.arg("serve")
             .arg("--transport")
-            .arg(spec)
+            .arg(self.transport.spec())
             .arg("--listen")
-            .arg(listen.to_string())
+            .arg(self.listen.to_string())
             .arg("--identity")
-            .arg(&dirs.identity)
+            .arg(&self.dirs.identity)
             .arg("--store")
-            .arg(&dirs.store)
+            .arg(&self.dirs.store)
             .arg("--sync")
-            .arg(self.sync.to_string())
+            .arg(h.sync.to_string())
             .arg("--server-threads")
-            .arg(self.server_threads.to_string());
+            .arg(h.server_threads.to_string());
         cmd
     }
 
-    /// Start a server and wait until it is ready.
-    pub async fn start_server(
-        &self,
-        spec: &str,
-        listen: SocketAddr,
-        dirs: &RunDirs,
-    ) -> Result<ServerProcess, WorkloadError> {
-        Ok(ServerProcess::start(
-            self.server_command(spec, listen, dirs),
-            Duration::from_secs(30),
-        )
-        .await?)
-    }
-
-    /// Create the devices' links, reporting into a new channel.
+    /// Create the links of `devices` devices to `server`, reporting into a new channel.
     pub async fn fleet(
         &self,
-        transport: &dyn Transport,
         server: SocketAddr,
-        dirs: &RunDirs,
         devices: u32,
     ) -> Result<FleetHandle, WorkloadError> {
         let (tx, rx) = mpsc::unbounded_channel();
         let counters = Arc::new(Counters::default());
-        let fleet = transport
+        let fleet = self
+            .transport
             .fleet(FleetConfig {
                 server,
-                identity: dirs.identity.clone(),
+                identity: self.dirs.identity.clone(),
                 devices,
                 events: tx,
                 counters: counters.clone(),
@@ -180,26 +332,72 @@ impl Harness {
         })
     }
 
-    /// A result with the contract's fixed fields filled in.
-    pub fn result(
-        &self,
-        workload: &str,
-        spec: &str,
-        round: u32,
-        params: &impl Serialize,
-    ) -> RunResult {
-        RunResult {
-            schema: SCHEMA,
-            workload: workload.to_string(),
-            transport: spec.to_string(),
-            round,
-            params: serde_json::to_value(params).expect("params serialize"),
-            metrics: BTreeMap::new(),
-            histograms: BTreeMap::new(),
-            provenance: self.provenance.clone(),
-            skipped: None,
-        }
+    /// Record a metric.
+    pub fn metric(&mut self, key: &str, value: impl Into<serde_json::Value>) {
+        self.result.metrics.insert(key.to_string(), value.into());
     }
+
+    /// Record a whole histogram.
+    pub fn histogram(&mut self, key: &str, h: &hdrhistogram::Histogram<u64>) {
+        self.result
+            .histograms
+            .insert(key.to_string(), crate::hist::encode(h));
+    }
+
+    /// Record every counter under a prefix (`server_`, `client_`), and their asymmetric operations in all.
+    pub fn counters(&mut self, prefix: &str, c: &CounterSnapshot) {
+        for (name, value) in c.entries() {
+            self.metric(&format!("{prefix}{name}"), value);
+        }
+        self.metric(&format!("{prefix}asym_ops"), c.asym_ops());
+    }
+
+    /// Audit the store's log against the orders made and acknowledged and record `applied`, `lost`,
+    /// `duplicates`, `acked_not_applied` and `unknown`. A transport without stored answers has no log to audit:
+    /// nothing is recorded and `None` returned.
+    pub fn audit(
+        &mut self,
+        made: &[OrderId],
+        acked: &[OrderId],
+    ) -> Result<Option<transport_store::Audit>, WorkloadError> {
+        if !self.capabilities().can(Need::StoredAnswers).is_yes() {
+            return Ok(None);
+        }
+        let audit = transport_store::audit(&self.dirs.store, made, acked)?;
+        self.record_audit(&audit);
+        Ok(Some(audit))
+    }
+
+    /// Record an audit's figures.
+    pub fn record_audit(&mut self, audit: &transport_store::Audit) {
+        self.metric("applied", audit.applied);
+        self.metric("lost", audit.lost);
+        self.metric("duplicates", audit.duplicates);
+        self.metric("acked_not_applied", audit.acked_not_applied);
+        self.metric("unknown", audit.unknown);
+    }
+
+    /// Stop the server and remove the directories (unless kept); the result.
+    pub async fn finish(mut self) -> RunResult {
+        if let Some(mut server) = self.server.take() {
+            let _ = server.shutdown().await;
+        }
+        if !self.harness.keep {
+            let _ = std::fs::remove_dir_all(&self.dirs.base);
+        }
+        self.result
+    }
+}
+
+/// How a wait for events ended.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Waited {
+    /// The condition was met.
+    Done,
+    /// The deadline passed first.
+    TimedOut,
+    /// The fleet's channel closed.
+    Closed,
 }
 
 /// A fleet with its event channel and client-side counters.
@@ -212,48 +410,63 @@ pub struct FleetHandle {
     pub counters: Arc<Counters>,
 }
 
-/// The server's counters as its control line reports them (zero if the server could not answer).
-pub async fn server_counters(server: &mut ServerProcess) -> CounterSnapshot {
-    server_stats(server).await.0
-}
-
-/// The server's counters and its own CPU seconds (getrusage: every thread, microsecond resolution), as its control
-/// line reports them; zeros if the server could not answer.
-pub async fn server_stats(server: &mut ServerProcess) -> (CounterSnapshot, f64) {
-    match server.stats().await {
-        Ok(v) => (
-            v.get("counters")
-                .and_then(|c| serde_json::from_value(c.clone()).ok())
-                .unwrap_or_default(),
-            v.get("cpu_s").and_then(|c| c.as_f64()).unwrap_or(0.0),
-        ),
-        Err(_) => (CounterSnapshot::default(), 0.0),
-    }
-}
-
-/// Put every counter into a result's metrics under a prefix (`server_`, `client_`).
-pub fn put_counters(result: &mut RunResult, prefix: &str, c: &CounterSnapshot) {
-    for (name, value) in c.entries() {
-        result
-            .metrics
-            .insert(format!("{prefix}{name}"), value.into());
-    }
-    result
-        .metrics
-        .insert(format!("{prefix}asym_ops"), c.asym_ops().into());
-}
-
-/// Remove a run's directories unless the user asked to keep them.
-pub fn clean(dirs: &RunDirs, keep: bool) {
-    if !keep {
-        if let Some(base) = dirs.identity.parent() {
-            let _ = std::fs::remove_dir_all(base);
+impl FleetHandle {
+    /// Hand every event to `on` until it returns `true` (done) or `deadline` passes.
+    pub async fn until(
+        &mut self,
+        deadline: Instant,
+        mut on: impl FnMut(&LinkEvent) -> bool,
+    ) -> Waited {
+        loop {
+            match tokio::time::timeout_at(deadline.into(), self.events.recv()).await {
+                Ok(Some(event)) => {
+                    if on(&event) {
+                        return Waited::Done;
+                    }
+                }
+                Ok(None) => return Waited::Closed,
+                Err(_) => return Waited::TimedOut,
+            }
         }
+    }
+
+    /// Wait until `acked` holds `total` answered orders (each [`LinkEvent::Stored`] is pushed to it, and handed to
+    /// `on` with its device and time) or `deadline` passes.
+    pub async fn collect_stored(
+        &mut self,
+        acked: &mut Vec<OrderId>,
+        total: usize,
+        deadline: Instant,
+        mut on: impl FnMut(u32, OrderId, Instant),
+    ) -> Waited {
+        if acked.len() >= total {
+            return Waited::Done;
+        }
+        self.until(deadline, |event| {
+            if let LinkEvent::Stored { device, id, at } = *event {
+                acked.push(id);
+                on(device, id, at);
+            }
+            acked.len() >= total
+        })
+        .await
+    }
+
+    /// Open every device's link, many at a time (a handshake each where the transport has one).
+    pub async fn connect_all(&self, devices: u32) -> Result<(), WorkloadError> {
+        use futures::stream::{self, StreamExt, TryStreamExt};
+        let fleet = &self.fleet;
+        stream::iter(0..devices)
+            .map(|d| fleet.connect(d))
+            .buffer_unordered(256)
+            .try_collect::<Vec<_>>()
+            .await?;
+        Ok(())
     }
 }
 
 /// A pattern payload for an order.
-pub fn payload(id: &transport_core::OrderId, len: usize) -> Vec<u8> {
+pub fn payload(id: &OrderId, len: usize) -> Vec<u8> {
     let mut buf = Vec::with_capacity(len);
     transport_core::order::fill_payload(id, len, &mut buf);
     buf
@@ -282,48 +495,16 @@ pub fn any_loopback() -> SocketAddr {
     "127.0.0.1:0".parse().expect("valid")
 }
 
-/// Apply `KEY=VALUE` overrides to a workload's parameters. A value is read as JSON when it parses (numbers, true),
-/// else as a string. An unknown key or a value of the wrong type is an error naming the valid keys.
-pub fn override_params<P>(params: &P, overrides: &[String]) -> Result<P, String>
-where
-    P: Serialize + serde::de::DeserializeOwned,
-{
-    let mut value = serde_json::to_value(params).map_err(|e| e.to_string())?;
-    let obj = value
-        .as_object_mut()
-        .ok_or("parameters are not an object")?;
-    for o in overrides {
-        let (k, v) = o
-            .split_once('=')
-            .ok_or_else(|| format!("`{o}`: expected KEY=VALUE"))?;
-        if !obj.contains_key(k) {
-            let keys: Vec<&str> = obj.keys().map(String::as_str).collect();
-            return Err(format!(
-                "unknown parameter `{k}` (choose from: {})",
-                keys.join(", ")
-            ));
-        }
-        let parsed =
-            serde_json::from_str(v).unwrap_or_else(|_| serde_json::Value::String(v.to_string()));
-        obj.insert(k.to_string(), parsed);
-    }
-    serde_json::from_value(value).map_err(|e| format!("bad parameter value: {e}"))
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn overrides_apply_and_unknown_keys_are_named() {
-        let p = crate::drain::DrainParams::for_profile(Profile::Quick);
-        let q = override_params(&p, &["orders=500".into(), "clients=2".into()]).unwrap();
-        assert_eq!(
-            (q.orders, q.clients, q.payload_bytes),
-            (500, 2, p.payload_bytes)
-        );
-        let e = override_params(&p, &["nope=1".into()]).unwrap_err();
-        assert!(e.contains("nope") && e.contains("orders"), "{e}");
-        assert!(override_params(&p, &["orders=many".into()]).is_err());
+/// The order `seq` of device `device` in a run of `run`, made now, with a pattern payload of `len` bytes.
+pub fn order(device: u32, run: u64, seq: u64, len: usize) -> transport_core::Order {
+    let id = OrderId {
+        sender: transport_core::sender_id(&transport_core::device_name(device)),
+        run,
+        seq,
+    };
+    transport_core::Order {
+        id,
+        made_us: unix_us(),
+        payload: payload(&id, len),
     }
 }

@@ -1,15 +1,16 @@
-//! The workloads of the suite, their parameters and results, and the link emulator.
+//! The workloads of the suite, the run harness they share, their results, and the link emulator.
 //!
-//! A workload is a function of (transport, parameters, round) to a [`result::RunResult`]: it prepares the
-//! transport's identity files, starts the server as its own process (`runner serve`), drives a fleet of devices,
-//! samples CPU, audits the store, and fills in the metrics. Parameters are serde types printed into every result.
+//! A workload is one file: a type implementing [`Workload`] (its name, typed parameters per profile, the metrics
+//! and table columns it produces, what it needs from a transport, and `run`), registered by one line in [`ALL`].
+//! The [`harness`] owns everything around a run: directories, the server process, the fleet, waiting for answers
+//! until a deadline, the audit and the clean-up.
 //!
-//! - [`harness`]: directories, the server process, the fleet, provenance: what every workload shares.
-//! - [`drain`]: orders pile up while the server is stopped, then drain.
-//! - [`restart`]: devices send on a schedule; the server is killed and started again.
-//! - [`first_contact`]: one order to each of many peers never met, over the link emulator at a set RTT.
-//! - [`result`]: the result contract and the JSON Lines files.
-//! - [`hist`]: HDR histograms kept whole in results.
+//! - [`workload`]: the [`Workload`] trait and the data a workload declares ([`Info`]).
+//! - [`harness`]: an invocation's settings ([`Harness`]) and one [`Run`](harness::Run).
+//! - [`params`]: `--param KEY=VALUE` overrides and sweeps.
+//! - [`drain`], [`restart`], [`first_contact`]: the workloads.
+//! - [`result`]: the result contract and the JSON Lines files; [`hist`]: HDR histograms kept whole.
+//! - [`process`]: server processes, never left behind; [`sample`]: CPU and memory over a run.
 //! - [`emulator`]: a userspace link emulator (delay) for UDP and TCP.
 
 pub mod drain;
@@ -17,7 +18,24 @@ pub mod emulator;
 pub mod first_contact;
 pub mod harness;
 pub mod hist;
+pub mod params;
+pub mod process;
 pub mod restart;
 pub mod result;
+pub mod sample;
+pub mod workload;
 
 pub use harness::{Harness, Profile, WorkloadError};
+pub use workload::{AnyWorkload, Info, Workload};
+
+/// Every workload, in the order `runner list` and the tables show them. Adding a workload is one line here.
+pub static ALL: &[&dyn AnyWorkload] = &[
+    &drain::Drain,
+    &restart::Restart,
+    &first_contact::FirstContact,
+];
+
+/// The workload named `name`.
+pub fn by_name(name: &str) -> Option<&'static dyn AnyWorkload> {
+    ALL.iter().copied().find(|w| w.info().name == name)
+}

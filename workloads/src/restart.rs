@@ -15,12 +15,13 @@
 //! `make_to_stored`; `timeline` (orders stored per 100 ms bin, whole run, from the log); `kill_bin` (the timeline bin
 //! of the kill).
 
-use crate::harness::{self, any_loopback, put_counters, server_counters, Harness, WorkloadError};
+use crate::harness::{self, Profile, Run, WorkloadError};
 use crate::hist;
-use crate::result::RunResult;
+use crate::sample;
+use crate::workload::{Better, Column, Format, Info, Metric, Workload};
 use serde::{Deserialize, Serialize};
 use std::time::{Duration, Instant};
-use transport_core::{sample, LinkEvent, Order, OrderId, Transport};
+use transport_core::{BoxFuture, LinkEvent, Need, Order, OrderId};
 
 /// The restart workload's parameters.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -39,11 +40,66 @@ pub struct RestartParams {
     pub drain_timeout_s: u64,
 }
 
-impl RestartParams {
+/// The restart workload.
+#[derive(Debug, Clone, Copy)]
+pub struct Restart;
+
+const INFO: Info = Info {
+    name: "restart",
+    about: "devices each send an order every period; the server is killed (SIGKILL) and started again at once",
+    needs: &[Need::StoredAnswers],
+    metrics: &[
+        Metric { key: "orders_made", unit: "count", about: "orders the devices made" },
+        Metric { key: "orders_acked", unit: "count", about: "orders answered \"stored\"" },
+        Metric { key: "up_ms", unit: "ms", about: "kill to the restarted server's ready line" },
+        Metric { key: "stall_bins", unit: "count", about: "100 ms bins with nothing stored in the 10 s after the kill" },
+        Metric { key: "catch_up_s", unit: "s", about: "kill to the answer of the last late order" },
+        Metric { key: "server_cpu_s_after", unit: "s", about: "server CPU in the 10 s after the restart" },
+        Metric { key: "client_cpu_s_after", unit: "s", about: "load generator CPU in the same 10 s" },
+        Metric { key: "asym_ops_after", unit: "count", about: "the restarted server's asymmetric operations over those 10 s" },
+        Metric { key: "handshakes_after", unit: "count", about: "the restarted server's handshakes over those 10 s" },
+        Metric { key: "resent_timeout", unit: "count", about: "records sent again on the same link after the re-send timer (from the kill)" },
+        Metric { key: "resent_reconnect", unit: "count", about: "orders sent again on a new connection (from the kill)" },
+        Metric { key: "reconnects", unit: "count", about: "links opened again after they dropped (from the kill)" },
+        Metric { key: "make_to_stored_p99_ms", unit: "ms", about: "99th percentile from an order's intended time to its answer" },
+        Metric { key: "make_to_stored_max_ms", unit: "ms", about: "the slowest order, intended time to answer" },
+        Metric { key: "timeline", unit: "orders per 100 ms", about: "orders stored per 100 ms bin, from the log" },
+        Metric { key: "lost", unit: "count", about: "acknowledged orders missing from the store's log" },
+        Metric { key: "duplicates", unit: "count", about: "orders applied more than once" },
+    ],
+    columns: &[
+        Column::new("up again, ms", "up_ms", Format::Decimal),
+        Column::new("100 ms bins with nothing stored", "stall_bins", Format::Count),
+        Column::new("catch-up, s", "catch_up_s", Format::Decimal),
+        Column::new("server CPU s, 10 s after", "server_cpu_s_after", Format::Decimal),
+        Column::new("asymmetric ops after", "asym_ops_after", Format::Count),
+        Column::new("handshakes after", "handshakes_after", Format::Count),
+        Column::new("client CPU s, same 10 s", "client_cpu_s_after", Format::Decimal),
+        Column::new("re-sent (timer)", "resent_timeout", Format::Count),
+        Column::new("re-sent (new connection)", "resent_reconnect", Format::Count),
+        Column::new("reconnects", "reconnects", Format::Count),
+        Column::new("to stored p99, ms", "make_to_stored_p99_ms", Format::Decimal),
+        Column::new("to stored max, ms", "make_to_stored_max_ms", Format::Decimal),
+        Column::new("orders", "orders_made", Format::Count),
+        Column::new("lost", "lost", Format::Sum),
+        Column::new("applied twice", "duplicates", Format::Sum),
+    ],
+    primary: ("make_to_stored_p99_ms", Better::Lower),
+    case_keys: &[],
+    sweep: None,
+};
+
+impl Workload for Restart {
+    type Params = RestartParams;
+
+    fn info(&self) -> &'static Info {
+        &INFO
+    }
+
     /// Seed 095's M2 (10,000 devices, an order every 5 s each, kill at 21 s) or a CI-sized run.
-    pub fn for_profile(profile: harness::Profile) -> RestartParams {
-        match profile {
-            harness::Profile::Seed => RestartParams {
+    fn cases(&self, profile: Profile) -> Vec<RestartParams> {
+        vec![match profile {
+            Profile::Seed => RestartParams {
                 devices: 10_000,
                 period_ms: 5_000,
                 kill_at_s: 21.0,
@@ -51,7 +107,7 @@ impl RestartParams {
                 payload_bytes: 64,
                 drain_timeout_s: 60,
             },
-            harness::Profile::Quick => RestartParams {
+            Profile::Quick => RestartParams {
                 devices: 200,
                 period_ms: 1_000,
                 kill_at_s: 3.0,
@@ -59,7 +115,25 @@ impl RestartParams {
                 payload_bytes: 64,
                 drain_timeout_s: 30,
             },
+        }]
+    }
+
+    fn check(&self, p: &RestartParams) -> Result<(), String> {
+        if p.devices == 0 || p.period_ms == 0 {
+            return Err("devices and period_ms must be at least 1".into());
         }
+        if !(p.kill_at_s > 0.0 && p.kill_at_s < p.duration_s) {
+            return Err("kill_at_s must be after the start and before duration_s".into());
+        }
+        Ok(())
+    }
+
+    fn run<'a>(
+        &'a self,
+        run: &'a mut Run<'_>,
+        params: &'a RestartParams,
+    ) -> BoxFuture<'a, Result<(), WorkloadError>> {
+        Box::pin(restart(run, params))
     }
 }
 
@@ -69,23 +143,12 @@ pub const BIN: Duration = Duration::from_millis(100);
 pub const AFTER: Duration = Duration::from_secs(10);
 
 /// Run one round of the restart workload.
-pub async fn run(
-    h: &Harness,
-    transport: &dyn Transport,
-    round: u32,
-    p: &RestartParams,
-) -> Result<RunResult, WorkloadError> {
-    let spec = transport.spec();
-    let dirs = h.dirs("restart", spec, round)?;
-    transport.prepare(&dirs.identity, p.devices)?;
-    let mut server = h.start_server(spec, any_loopback(), &dirs).await?;
-    let addr = server.ready().addr;
-    let mut f = h.fleet(transport, addr, &dirs, p.devices).await?;
-    h.say(&format!(
-        "restart {spec} round {round}: connecting {} devices",
-        p.devices
-    ));
-    connect_all(&*f.fleet, p.devices).await?;
+async fn restart(run: &mut Run<'_>, p: &RestartParams) -> Result<(), WorkloadError> {
+    run.prepare(p.devices)?;
+    let addr = run.start_server().await?;
+    let mut f = run.fleet(addr, p.devices).await?;
+    run.say(&format!("connecting {} devices", p.devices));
+    f.connect_all(p.devices).await?;
 
     let runs: Vec<u64> = (0..p.devices).map(|_| harness::new_run()).collect();
     let sender_ids: Vec<u64> = (0..p.devices)
@@ -97,7 +160,7 @@ pub async fn run(
     let slot =
         |i: u64| Duration::from_nanos((i as u128 * period.as_nanos() / p.devices as u128) as u64);
 
-    let sampler = sample::Sampler::start(server.pid(), BIN);
+    let sampler = sample::Sampler::start(run.server()?.serving_pid(), BIN);
     let start = Instant::now();
     let start_us = harness::unix_us();
     let mut made: Vec<OrderId> = Vec::with_capacity(total as usize);
@@ -159,12 +222,11 @@ pub async fn run(
         if killed.is_none() && elapsed >= kill_at {
             client_at_kill = f.counters.snapshot();
             let t_kill = Instant::now();
-            server.kill().await?;
-            server = h.start_server(spec, addr, &dirs).await?;
+            run.restart_server().await?;
             let t_up = Instant::now();
-            sampler.set_pid(server.pid());
-            h.say(&format!(
-                "restart {spec} round {round}: killed, up again in {:.1} ms",
+            sampler.set_pid(run.server()?.serving_pid());
+            run.say(&format!(
+                "killed, up again in {:.1} ms",
                 (t_up - t_kill).as_secs_f64() * 1e3
             ));
             // Orders made before the server was up again: the schedule positions before the current one.
@@ -173,7 +235,7 @@ pub async fn run(
         }
         if let (Some(t_up), None) = (up, &after) {
             if t_up.elapsed() >= AFTER {
-                after = Some(server_counters(&mut server).await);
+                after = Some(run.server_stats().await?.counters);
             }
         }
     }
@@ -183,7 +245,7 @@ pub async fn run(
     while acked.len() < made.len() {
         if let (Some(t_up), None) = (up, &after) {
             if t_up.elapsed() >= AFTER {
-                after = Some(server_counters(&mut server).await);
+                after = Some(run.server_stats().await?.counters);
             }
         }
         match tokio::time::timeout_at(deadline.into(), f.events.recv()).await {
@@ -195,18 +257,23 @@ pub async fn run(
             _ => break,
         }
     }
-    if let (Some(t_up), None) = (up, &after) {
+    let timed_out = acked.len() < made.len();
+    if after.is_none() {
         // A run shorter than the window: the counters at the end, sampled now.
-        let _ = t_up;
-        after = Some(server_counters(&mut server).await);
+        after = Some(run.server_stats().await?.counters);
     }
     let client_end = f.counters.snapshot();
     let samples = sampler.stop().await;
     f.fleet.close().await;
-    let _ = server.shutdown().await;
+    run.server()?.shutdown().await?;
+    // An order never answered counts in the histogram at the deadline, so it is never hidden.
+    let unanswered = made.len() - acked.len();
+    for _ in 0..unanswered {
+        hist::record(&mut latency, deadline.saturating_duration_since(start));
+    }
 
-    let entries = transport_core::store::read_log(&dirs.store)?;
-    let audit = transport_core::store::Audit::of_entries(&entries, &made, &acked);
+    let entries = transport_store::read_log(&run.dirs.store)?;
+    let audit = transport_store::Audit::of_entries(&entries, &made, &acked);
     let mut timeline = vec![0u64; ((p.duration_s + p.drain_timeout_s as f64) * 10.0) as usize + 1];
     let mut last_bin = 0;
     for e in &entries {
@@ -218,14 +285,12 @@ pub async fn run(
     }
     timeline.truncate(last_bin + 1);
 
-    let mut r = h.result("restart", spec, round, p);
-    let m = &mut r.metrics;
-    m.insert("orders_made".into(), audit.made.into());
-    m.insert("orders_acked".into(), audit.acked.into());
-    m.insert("orders_applied".into(), audit.applied.into());
-    m.insert("lost".into(), audit.lost.into());
-    m.insert("duplicates".into(), audit.duplicates.into());
-    m.insert("acked_not_applied".into(), audit.acked_not_applied.into());
+    run.record_audit(&audit);
+    run.metric("orders_made", audit.made);
+    run.metric("orders_acked", audit.acked);
+    run.metric("orders_applied", audit.applied);
+    run.metric("unanswered", unanswered);
+    run.metric("timed_out", u64::from(timed_out));
     if let (Some((t_kill, _)), Some(t_up)) = (killed, up) {
         let kill_ms = t_kill.duration_since(start).as_millis() as u64;
         let up_ms = t_up.duration_since(t_kill).as_secs_f64() * 1e3;
@@ -240,38 +305,28 @@ pub async fn run(
         let up_rel = t_up.duration_since(start).as_millis() as u64;
         let (server_after, client_after) =
             sample::cpu_between(&samples, up_rel, up_rel + AFTER.as_millis() as u64);
-        m.insert("up_ms".into(), up_ms.into());
-        m.insert("kill_bin".into(), kill_bin.into());
-        m.insert("stall_bins".into(), stall.into());
-        m.insert("catch_up_s".into(), catch_up.into());
-        m.insert("server_cpu_s_after".into(), server_after.into());
-        m.insert("client_cpu_s_after".into(), client_after.into());
+        run.metric("up_ms", up_ms);
+        run.metric("kill_bin", kill_bin);
+        run.metric("stall_bins", stall);
+        run.metric("catch_up_s", catch_up);
+        run.metric("server_cpu_s_after", server_after);
+        run.metric("client_cpu_s_after", client_after);
     }
-    let after = after.unwrap_or_default();
-    m.insert("asym_ops_after".into(), after.asym_ops().into());
-    m.insert("handshakes_after".into(), after.handshakes.into());
+    let after = after.expect("read above");
+    run.metric("asym_ops_after", after.asym_ops());
+    run.metric("handshakes_after", after.handshakes);
     let client = client_end.since(&client_at_kill);
-    m.insert("resent".into(), client.resent.into());
-    m.insert("reconnects".into(), client.reconnects.into());
-    m.insert(
-        "make_to_stored_p50_ms".into(),
-        hist::quantile_ms(&latency, 0.5).into(),
-    );
-    m.insert(
-        "make_to_stored_p99_ms".into(),
-        hist::quantile_ms(&latency, 0.99).into(),
-    );
-    m.insert(
-        "make_to_stored_max_ms".into(),
-        (latency.max() as f64 / 1e3).into(),
-    );
-    m.insert("timeline".into(), serde_json::json!(timeline));
-    put_counters(&mut r, "server_after_", &after);
-    put_counters(&mut r, "client_", &client_end);
-    r.histograms
-        .insert("make_to_stored".into(), hist::encode(&latency));
-    harness::clean(&dirs, false);
-    Ok(r)
+    run.metric("resent_timeout", client.resent_timeout);
+    run.metric("resent_reconnect", client.resent_reconnect);
+    run.metric("reconnects", client.reconnects);
+    run.metric("make_to_stored_p50_ms", hist::quantile_ms(&latency, 0.5));
+    run.metric("make_to_stored_p99_ms", hist::quantile_ms(&latency, 0.99));
+    run.metric("make_to_stored_max_ms", latency.max() as f64 / 1e3);
+    run.metric("timeline", serde_json::json!(timeline));
+    run.counters("server_after_", &after);
+    run.counters("client_", &client_end);
+    run.histogram("make_to_stored", &latency);
+    Ok(())
 }
 
 /// How long after the kill orders were late: the time from the kill to the answer of the last late order, where
@@ -300,20 +355,6 @@ pub fn catch_up_s(
         .filter(|(pos, at)| *at >= kill && at.saturating_duration_since(intended(*pos)) > late)
         .map(|(_, at)| at.saturating_duration_since(kill).as_secs_f64())
         .fold(0.0, f64::max)
-}
-
-/// Open every device's link, many at a time (a handshake each where the transport has one).
-pub async fn connect_all(
-    fleet: &dyn transport_core::Fleet,
-    devices: u32,
-) -> Result<(), WorkloadError> {
-    use futures::stream::{self, StreamExt, TryStreamExt};
-    stream::iter(0..devices)
-        .map(|d| fleet.connect(d))
-        .buffer_unordered(256)
-        .try_collect::<Vec<_>>()
-        .await?;
-    Ok(())
 }
 
 #[cfg(test)]

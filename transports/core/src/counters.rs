@@ -61,8 +61,10 @@ counters! {
     key_derivations,
     /// Records or orders received.
     received,
-    /// Records or orders sent again because no answer came.
-    resent,
+    /// Records sent again on the same link because no answer came in time (Pure's re-send timer).
+    resent_timeout,
+    /// Orders sent again on a new connection, after the old one dropped or went unanswered (connection transports).
+    resent_reconnect,
     /// Links opened again after they dropped.
     reconnects,
     /// Records refused: the sender is not allowed.

@@ -28,7 +28,7 @@ pub const LEN_PREFIX: usize = 4;
 /// Bytes of an order body before its payload.
 pub const ORDER_HEADER: usize = 8 * 4 + 4;
 /// The largest payload an order frame can carry.
-pub const MAX_PAYLOAD: usize = MAX_FRAME - 1 - ORDER_HEADER;
+pub const MAX_FRAME_PAYLOAD: usize = MAX_FRAME - 1 - ORDER_HEADER;
 
 const TYPE_ORDER: u8 = 1;
 const TYPE_STORED: u8 = 2;
@@ -49,7 +49,7 @@ pub enum Frame {
 /// Why a frame could not be read or written.
 #[derive(Debug, thiserror::Error)]
 pub enum FrameError {
-    /// The length prefix announces a body larger than [`MAX_FRAME`] (or a payload larger than [`MAX_PAYLOAD`]).
+    /// The length prefix announces a body larger than [`MAX_FRAME`] (or a payload larger than [`MAX_FRAME_PAYLOAD`]).
     #[error("frame of {len} bytes exceeds the maximum of {max}")]
     Oversized {
         /// The announced length.
@@ -105,7 +105,7 @@ fn get_id(body: &mut &[u8]) -> Result<OrderId, FrameError> {
 
 /// Append an order's body (no length prefix, no type byte) to `out`.
 ///
-/// The payload must not exceed [`MAX_PAYLOAD`]; a longer one is still encoded here but refused by every decoder.
+/// The payload must not exceed [`MAX_FRAME_PAYLOAD`]; a longer one is still encoded here but refused by every decoder.
 pub fn encode_order_body(order: &Order, out: &mut impl BufMut) {
     put_id(&order.id, out);
     out.put_u64(order.made_us);
@@ -121,10 +121,10 @@ pub fn decode_order_body(mut body: &[u8]) -> Result<Order, FrameError> {
     }
     let made_us = body.get_u64();
     let len = body.get_u32() as usize;
-    if len > MAX_PAYLOAD {
+    if len > MAX_FRAME_PAYLOAD {
         return Err(FrameError::Oversized {
             len,
-            max: MAX_PAYLOAD,
+            max: MAX_FRAME_PAYLOAD,
         });
     }
     match body.len().cmp(&len) {

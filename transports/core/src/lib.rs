@@ -1,43 +1,35 @@
-//! The shared core of the transport benchmark suite.
+//! The core of the transport benchmark suite: what every transport needs, and nothing more.
 //!
-//! - [`transport`]: the [`Transport`] trait (server side, client [`Fleet`], capabilities) that every transport
+//! - [`transport`]: the [`Transport`] trait (server side, client [`Fleet`], [`Capabilities`]) that every transport
 //!   implements, and the events its links report.
 //! - [`order`]: what a device sends and a server stores, and how it is identified.
-//! - [`store`]: the durable, append-only, checksummed log with group commit that every server writes to, with
-//!   exactly-once application and the audit the runner reads after a run.
+//! - [`commit`]: the [`OrderStore`](commit::OrderStore) a server commits orders to before it answers "stored"
+//!   (implemented by the `transport-store` crate).
 //! - [`counters`]: asymmetric operations, handshakes, re-sends, refusals, counted where they happen.
 //! - [`keys`]: key and credential files (mode 0600) and hex encoding.
 //! - [`net`]: socket settings shared by the UDP transports.
+//! - [`procfs`]: what a process costs (CPU, memory), read from the kernel.
 //! - [`framing`]: length-prefixed orders and answers over any byte stream (QUIC streams, TLS over TCP).
-//! - [`tls`]: the PKI (CA, server and device certificates) and the rustls configuration every TLS transport shares,
-//!   counting asymmetric operations where they happen.
-//! - [`connfleet`]: the client-side fleet of every connection-oriented transport (re-send and reconnect policy).
-//! - [`quic`]: what the QUIC transports share: the protocol (one order per stream), its settings, the server's
-//!   loops over connections and streams.
-//! - [`process`]: starting, stopping, continuing and killing server processes, never leaving one behind.
-//! - [`sample`]: CPU time and memory of a process from `/proc`.
-//! - `testing` (feature `testing`): the in-process harness of the transports' end-to-end tests.
+//!
+//! The other shared pieces live in crates of their own, so a transport depends only on what it uses:
+//! `transport-store` (the durable store), `transport-tls` (PKI and the counting rustls provider), `transport-conn`
+//! (the client fleet of connection transports, QUIC serving, the conformance checks).
 
-pub mod connfleet;
+pub mod commit;
 pub mod counters;
 pub mod framing;
 pub mod keys;
 pub mod net;
 pub mod order;
-pub mod process;
-pub mod quic;
-pub mod sample;
-pub mod store;
-#[cfg(any(test, feature = "testing"))]
-pub mod testing;
-pub mod tls;
+pub mod procfs;
 pub mod transport;
 
+pub use commit::{CommitError, OrderStore, Outcome, SharedStore};
 pub use counters::{CounterSnapshot, Counters};
-pub use order::{device_name, sender_id, Order, OrderId};
-pub use store::{StoreError, StoreHandle, SyncPolicy};
+pub use order::{device_name, sender_id, Order, OrderId, MAX_PAYLOAD};
 pub use transport::{
-    BoxFuture, Fleet, FleetConfig, LinkEvent, Ready, ServeConfig, Support, Transport, WorkloadKind,
+    BoxFuture, Capabilities, Fleet, FleetConfig, LinkEvent, MemorySource, Need, Publish, QoS,
+    Ready, ServeConfig, Spec, Support, Transport,
 };
 
 /// Errors a transport returns to the runner.
@@ -48,7 +40,7 @@ pub enum TransportError {
     Io(#[from] std::io::Error),
     /// The store refused or failed a commit.
     #[error("store: {0}")]
-    Store(#[from] StoreError),
+    Store(#[from] CommitError),
     /// A key, certificate or allow-list file is missing or malformed.
     #[error("identity: {0}")]
     Identity(String),

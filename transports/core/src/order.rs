@@ -7,6 +7,10 @@
 use serde::{Deserialize, Serialize};
 use std::fmt;
 
+/// The largest payload an order may carry: the store keeps its length in 16 bits, so a larger order is refused
+/// (answered as refused by every server, never stored).
+pub const MAX_PAYLOAD: usize = u16::MAX as usize;
+
 /// The identity of one order, the key of exactly-once application.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
 pub struct OrderId {

@@ -1,5 +1,5 @@
 //! The client side: [`MqttStream`], one MQTT connection over any byte stream (for tools and tests), and
-//! [`OrderConnector`], the [`Connector`] that lets `transport_core::connfleet` drive a fleet of MQTT devices.
+//! [`OrderConnector`], the [`Connector`] that lets `transport_conn::fleet` drive a fleet of MQTT devices.
 //!
 //! # A device
 //!
@@ -25,10 +25,10 @@ use tokio::sync::{mpsc, oneshot, watch};
 use tokio::task::AbortHandle;
 use tokio_rustls::client::TlsStream;
 use tokio_rustls::TlsConnector;
-use transport_core::connfleet::{Answer, Connector};
+use transport_conn::fleet::{Answer, Connector};
 use transport_core::framing::encode_order_body;
-use transport_core::tls::{ClientTls, SERVER_NAME};
 use transport_core::{device_name, BoxFuture, Order, OrderId, TransportError};
+use transport_tls::{ClientTls, SERVER_NAME};
 
 /// Why a client operation failed.
 #[derive(Debug, thiserror::Error)]

@@ -20,4 +20,4 @@ pub mod mosquitto;
 pub mod topic;
 pub mod transport;
 
-pub use transport::{transport, transport_for_spec, Mqtt, VARIANTS};
+pub use transport::{Mqtt, SPECS};

@@ -2,7 +2,7 @@
 //! variant.
 //!
 //! [`Mosquitto::start`] writes a `mosquitto.conf` into a work directory — one listener on 127.0.0.1 only, TLS 1.3,
-//! the suite's CA, server certificate and key (`transport_core::tls`), a client certificate required and its common
+//! the suite's CA, server certificate and key (`transport_tls`), a client certificate required and its common
 //! name used as the user name, no persistence, log to stderr — starts `mosquitto -c mosquitto.conf`, and waits
 //! until the port accepts connections. The child never outlives its owner: dropping the handle kills it, and the
 //! kernel kills it (`PR_SET_PDEATHSIG`) if the owning process dies first, even by SIGKILL. The child is started
@@ -19,7 +19,7 @@ use std::path::{Path, PathBuf};
 use std::process::{Command, ExitStatus, Stdio};
 use std::sync::{mpsc, Arc, Condvar, Mutex};
 use std::time::{Duration, Instant};
-use transport_core::tls::{DeviceCredentials, CA_FILE, SERVER_CERT_FILE, SERVER_KEY_FILE};
+use transport_tls::{DeviceCredentials, CA_FILE, SERVER_CERT_FILE, SERVER_KEY_FILE};
 
 /// What to install when the binaries are missing.
 pub const INSTALL_HINT: &str =

@@ -12,25 +12,27 @@ use std::sync::Arc;
 use std::time::Duration;
 use tokio::net::TcpListener;
 use tokio_rustls::TlsAcceptor;
-use transport_core::connfleet::{ConnFleet, Policy};
-use transport_core::tls::{self, ClientTls, DeviceCredentials};
+use transport_conn::fleet::{ConnFleet, Policy};
 use transport_core::{
-    BoxFuture, Fleet, FleetConfig, Ready, ServeConfig, Support, Transport, TransportError,
-    WorkloadKind,
+    BoxFuture, Capabilities, Fleet, FleetConfig, MemorySource, Ready, ServeConfig, Spec, Support,
+    Transport, TransportError,
 };
+use transport_tls::{self as tls, ClientTls, DeviceCredentials};
 
-/// The variants, with a line each on what they are.
-pub const VARIANTS: &[(&str, &str)] = &[
-    (
-        "mqtt",
-        "MQTT 3.1.1 to the in-tree broker over TLS 1.3 with client certificates; an order is a QoS 1 PUBLISH to \
-         orders/<device>, PUBACK sent after the store's commit",
-    ),
-    (
-        "mqtt@mosquitto",
-        "the same clients against a real mosquitto 2.x (TLS 1.3, client certificates required); it stores nothing, \
-         so only handshake-rate, fanout, flood and idle-links apply, not drain, restart or first-contact",
-    ),
+/// The variants this crate provides.
+pub const SPECS: &[Spec] = &[
+    Spec {
+        name: "mqtt",
+        about: "MQTT 3.1.1 to the in-tree broker over TLS 1.3 with client certificates; an order is a QoS 1 PUBLISH \
+                to orders/<device>, PUBACK sent after the store's commit",
+        make: || Box::new(Mqtt::in_tree()),
+    },
+    Spec {
+        name: "mqtt@mosquitto",
+        about: "the same clients against a real mosquitto 2.x (TLS 1.3, client certificates required); it stores \
+                nothing, so the workloads that need stored answers do not apply",
+        make: || Box::new(Mqtt::mosquitto()),
+    },
 ];
 
 const NO_ORDER_SINK: &str = "mosquitto has no order sink: its PUBACK means received, not stored";
@@ -49,30 +51,21 @@ pub struct Mqtt {
     config: BrokerConfig,
 }
 
-/// The transport for a variant: `None` (or empty) is `mqtt`, `mosquitto` is `mqtt@mosquitto`; anything else `None`.
-pub fn transport(variant: Option<&str>) -> Option<Box<dyn Transport>> {
-    let (spec, server) = match variant.map(|v| v.trim_start_matches(['@', ':'])) {
-        None | Some("") => ("mqtt", Server::InTree),
-        Some("mosquitto") => ("mqtt@mosquitto", Server::Mosquitto),
-        Some(_) => return None,
-    };
-    Some(Box::new(Mqtt {
-        spec,
-        server,
-        config: BrokerConfig::default(),
-    }))
-}
-
-/// The transport for a whole spec as the command line gives it (`mqtt`, `mqtt@mosquitto`).
-pub fn transport_for_spec(spec: &str) -> Option<Box<dyn Transport>> {
-    match spec.strip_prefix("mqtt")? {
-        "" => transport(None),
-        rest if rest.starts_with('@') => transport(Some(rest)),
-        _ => None,
-    }
-}
-
 impl Mqtt {
+    /// `mqtt`: the in-tree broker with its default settings.
+    pub fn in_tree() -> Self {
+        Self::with_config(BrokerConfig::default())
+    }
+
+    /// `mqtt@mosquitto`: a real mosquitto with the same PKI.
+    pub fn mosquitto() -> Self {
+        Mqtt {
+            spec: "mqtt@mosquitto",
+            server: Server::Mosquitto,
+            config: BrokerConfig::default(),
+        }
+    }
+
     /// The in-tree broker with these settings.
     pub fn with_config(config: BrokerConfig) -> Self {
         Mqtt {
@@ -88,14 +81,25 @@ impl Transport for Mqtt {
         self.spec
     }
 
-    fn supports(&self, workload: WorkloadKind) -> Support {
-        match (self.server, workload) {
-            (
-                Server::Mosquitto,
-                WorkloadKind::Drain | WorkloadKind::Restart | WorkloadKind::FirstContact,
-            ) => Support::No(NO_ORDER_SINK),
-            _ => Support::Yes,
+    fn capabilities(&self) -> Capabilities {
+        let (stored_answers, memory) = match self.server {
+            Server::InTree => (Support::Yes, MemorySource::Rss),
+            Server::Mosquitto => (
+                Support::No(NO_ORDER_SINK),
+                MemorySource::RssAndSysTopic("$SYS/broker/heap/current"),
+            ),
+        };
+        Capabilities {
+            stored_answers,
+            handshakes: Support::Yes,
+            disconnect: Support::No("the MQTT fleet does not close links on request yet"),
+            pubsub: Support::No("the MQTT fleet does not publish or subscribe yet"),
+            memory,
         }
+    }
+
+    fn prepare(&self, dir: &std::path::Path, devices: u32) -> Result<(), TransportError> {
+        tls::write_pki(dir, devices)
     }
 
     fn serve(&self, config: ServeConfig) -> BoxFuture<'static, Result<(), TransportError>> {
@@ -113,7 +117,7 @@ impl Transport for Mqtt {
                         tcp,
                         tls: Some(TlsAcceptor::from(tls)),
                     }]);
-                    let _ = config.ready.send(Ready { addr, public_key });
+                    let _ = config.ready.send(Ready::new(addr, public_key));
                     run.await
                 }
                 Server::Mosquitto => {
@@ -128,6 +132,7 @@ impl Transport for Mqtt {
                     let _ = config.ready.send(Ready {
                         addr: m.addr(),
                         public_key,
+                        serving_pid: Some(m.pid()),
                     });
                     while m.is_running() {
                         tokio::time::sleep(Duration::from_millis(200)).await;
@@ -169,32 +174,18 @@ mod tests {
     use super::*;
 
     #[test]
-    fn specs_and_variants() {
-        assert_eq!(transport(None).unwrap().spec(), "mqtt");
-        assert_eq!(
-            transport(Some("mosquitto")).unwrap().spec(),
-            "mqtt@mosquitto"
-        );
-        assert!(transport(Some("nope")).is_none());
-        for (spec, _) in VARIANTS {
-            assert_eq!(transport_for_spec(spec).unwrap().spec(), *spec);
+    fn specs() {
+        for spec in SPECS {
+            assert_eq!((spec.make)().spec(), spec.name);
         }
-        assert!(transport_for_spec("mqttx").is_none() && transport_for_spec("pure").is_none());
     }
 
     #[test]
-    fn mosquitto_says_why_order_workloads_do_not_apply() {
-        let m = transport(Some("mosquitto")).unwrap();
-        for w in WorkloadKind::ALL {
-            let applies = !matches!(
-                w,
-                WorkloadKind::Drain | WorkloadKind::Restart | WorkloadKind::FirstContact
-            );
-            assert_eq!(m.supports(w) == Support::Yes, applies, "{w}");
-        }
-        let inner = transport(None).unwrap();
-        assert!(WorkloadKind::ALL
-            .iter()
-            .all(|w| inner.supports(*w) == Support::Yes));
+    fn mosquitto_says_why_it_has_no_stored_answers() {
+        let m = Mqtt::mosquitto().capabilities();
+        assert_eq!(m.stored_answers, Support::No(NO_ORDER_SINK));
+        assert!(matches!(m.memory, MemorySource::RssAndSysTopic(_)));
+        let inner = Mqtt::in_tree().capabilities();
+        assert!(inner.stored_answers.is_yes() && inner.handshakes.is_yes());
     }
 }

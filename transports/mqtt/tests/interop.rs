@@ -19,8 +19,8 @@ use std::sync::Arc;
 use std::time::Duration;
 use tokio::process::Command;
 use tokio::sync::mpsc;
-use transport_core::connfleet::{ConnFleet, Policy};
-use transport_core::tls::{ClientTls, DeviceCredentials};
+use transport_conn::fleet::{ConnFleet, Policy};
+use transport_core::Transport;
 use transport_core::{Counters, Fleet, LinkEvent, Order, OrderId};
 use transport_mqtt::client::{
     connect_packet, connect_tls, ClientError, MqttStream, OrderConnector,
@@ -29,6 +29,7 @@ use transport_mqtt::codec::{
     ConnectReturnCode, Packet, Publish, QoS, Subscribe, SubscribeReturnCode,
 };
 use transport_mqtt::mosquitto::{self, device_pem, find_binary, Mosquitto, INSTALL_HINT};
+use transport_tls::{ClientTls, DeviceCredentials};
 
 const SECOND: Duration = Duration::from_secs(1);
 
@@ -67,7 +68,7 @@ struct Cli {
 impl Cli {
     fn new(identity: &Path, port: u16, dir: &Path) -> Cli {
         Cli {
-            ca: identity.join(transport_core::tls::CA_FILE),
+            ca: identity.join(transport_tls::CA_FILE),
             port,
             dir: dir.to_path_buf(),
         }
@@ -358,7 +359,7 @@ async fn the_in_tree_client_works_against_a_real_mosquitto() {
     }
     let dir = tempfile::tempdir().unwrap();
     let identity = dir.path().join("id");
-    transport_core::tls::write_pki(&identity, 3).unwrap();
+    transport_tls::write_pki(&identity, 3).unwrap();
     let port = mosquitto::free_port().unwrap();
     let m = Mosquitto::start(&identity, port, &dir.path().join("mosquitto"))
         .await
@@ -499,26 +500,22 @@ async fn the_mosquitto_variant_serves_through_the_trait() {
     }
     let dir = tempfile::tempdir().unwrap();
     let identity = dir.path().join("id");
-    let t = transport_mqtt::transport(Some("mosquitto")).unwrap();
+    let t = transport_mqtt::Mqtt::mosquitto();
     assert_eq!(t.spec(), "mqtt@mosquitto");
     assert!(matches!(
-        t.supports(transport_core::WorkloadKind::Restart),
+        t.capabilities().stored_answers,
         transport_core::Support::No(_)
     ));
     t.prepare(&identity, 2).unwrap();
-    let (store, _) = transport_core::store::Store::open(
-        &dir.path().join("store"),
-        transport_core::SyncPolicy::None,
-    )
-    .unwrap();
+    let (store, _) =
+        transport_store::Store::open(&dir.path().join("store"), transport_store::SyncPolicy::None)
+            .unwrap();
     let (ready, ready_rx) = tokio::sync::oneshot::channel();
     let server = tokio::spawn(t.serve(transport_core::ServeConfig {
         listen: "127.0.0.1:0".parse().unwrap(),
         identity: identity.clone(),
-        store: transport_core::StoreHandle::spawn(store),
-        threads: 1,
+        store: Arc::new(transport_store::StoreHandle::spawn(store)),
         counters: Arc::new(Counters::default()),
-        senders: Vec::new(),
         ready,
     }));
     let addr = tokio::time::timeout(15 * SECOND, ready_rx)

@@ -32,32 +32,37 @@ use rand::rngs::StdRng;
 use rand::{RngCore, SeedableRng};
 use std::path::Path;
 use transport_core::{
-    device_name, keys, sender_id, BoxFuture, Fleet, FleetConfig, Ready, ServeConfig, Support,
-    Transport, TransportError, WorkloadKind,
+    device_name, keys, sender_id, BoxFuture, Capabilities, Fleet, FleetConfig, MemorySource, Ready,
+    ServeConfig, Spec, Support, Transport, TransportError,
 };
 
-/// The variants, with a line each on what they are.
-pub const VARIANTS: &[(&str, &str)] = &[
-    (
-        "pure",
-        "link secret from the two static X25519 keys, per-run keys, no handshake",
-    ),
-    (
-        "pure:no-memo",
-        "as `pure`, link secrets not remembered: one X25519 per returning sender after a restart",
-    ),
-    (
-        "pure:hpke-session",
-        "one HPKE auth-mode session per wire, records sealed by number",
-    ),
-    (
-        "pure:hpke-per-request",
-        "a fresh HPKE auth-mode setup for every record (the baseline)",
-    ),
-    (
-        "pure:plain",
-        "the same framing and store, no sealing (the ceiling)",
-    ),
+/// The variants this crate provides.
+pub const SPECS: &[Spec] = &[
+    Spec {
+        name: "pure",
+        about: "link secret from the two static X25519 keys, per-run keys, no handshake",
+        make: || Box::new(Pure::new(Kind::Link, true)),
+    },
+    Spec {
+        name: "pure:no-memo",
+        about: "as `pure`, link secrets not remembered: one X25519 per returning sender after a restart",
+        make: || Box::new(Pure::new(Kind::Link, false)),
+    },
+    Spec {
+        name: "pure:hpke-session",
+        about: "one HPKE auth-mode session per wire, records sealed by number",
+        make: || Box::new(Pure::new(Kind::HpkeSession, false)),
+    },
+    Spec {
+        name: "pure:hpke-per-request",
+        about: "a fresh HPKE auth-mode setup for every record (the baseline)",
+        make: || Box::new(Pure::new(Kind::HpkePerRequest, false)),
+    },
+    Spec {
+        name: "pure:plain",
+        about: "the same framing and store, no sealing (the ceiling)",
+        make: || Box::new(Pure::new(Kind::Plain, false)),
+    },
 ];
 
 /// File names in the identity directory.
@@ -78,19 +83,23 @@ pub struct Pure {
     spec: &'static str,
     kind: Kind,
     memo: bool,
+    /// Allowed senders given to the server (`NAME=KEY`, or `@FILE` for a file of such lines); empty: the list in
+    /// the identity directory.
+    senders: Vec<String>,
 }
 
-/// The transport for a spec such as `pure:plain`, or `None` if the spec is not a Pure variant.
-pub fn transport(spec: &str) -> Option<Box<dyn Transport>> {
-    let (spec, kind, memo) = match spec {
-        "pure" => ("pure", Kind::Link, true),
-        "pure:no-memo" => ("pure:no-memo", Kind::Link, false),
-        "pure:hpke-session" => ("pure:hpke-session", Kind::HpkeSession, false),
-        "pure:hpke-per-request" => ("pure:hpke-per-request", Kind::HpkePerRequest, false),
-        "pure:plain" => ("pure:plain", Kind::Plain, false),
-        _ => return None,
-    };
-    Some(Box::new(Pure { spec, kind, memo }))
+/// The variant for a spec such as `pure:plain`, or `None` if the spec is not a Pure variant.
+pub fn variant(spec: &str) -> Option<Pure> {
+    [
+        (Kind::Link, true),
+        (Kind::Link, false),
+        (Kind::HpkeSession, false),
+        (Kind::HpkePerRequest, false),
+        (Kind::Plain, false),
+    ]
+    .into_iter()
+    .map(|(kind, memo)| Pure::new(kind, memo))
+    .find(|p| p.spec == spec)
 }
 
 fn identity_err(e: impl std::fmt::Display) -> TransportError {
@@ -98,6 +107,30 @@ fn identity_err(e: impl std::fmt::Display) -> TransportError {
 }
 
 impl Pure {
+    /// The variant sealing with `kind`, remembering link secrets in the memo if `memo`.
+    pub fn new(kind: Kind, memo: bool) -> Pure {
+        let spec = match (kind, memo) {
+            (Kind::Link, true) => "pure",
+            (Kind::Link, false) => "pure:no-memo",
+            (Kind::HpkeSession, _) => "pure:hpke-session",
+            (Kind::HpkePerRequest, _) => "pure:hpke-per-request",
+            (Kind::Plain, _) => "pure:plain",
+        };
+        Pure {
+            spec,
+            kind,
+            memo: memo && kind == Kind::Link,
+            senders: Vec::new(),
+        }
+    }
+
+    /// The server takes records only from these senders (`NAME=KEY`, or `@FILE` for a file of such lines) instead
+    /// of the identity directory's list (seed 003's `--sender NAME=KEY`).
+    pub fn with_senders(mut self, senders: Vec<String>) -> Pure {
+        self.senders = senders;
+        self
+    }
+
     /// Whether this variant remembers link secrets across restarts.
     pub fn memo(&self) -> bool {
         self.memo
@@ -134,12 +167,17 @@ impl Transport for Pure {
         self.spec
     }
 
-    fn supports(&self, workload: WorkloadKind) -> Support {
-        match workload {
-            WorkloadKind::Fanout | WorkloadKind::Flood => Support::No(
-                "Pure links carry orders to a receiver; there is no publish/subscribe relay",
+    fn capabilities(&self) -> Capabilities {
+        Capabilities {
+            stored_answers: Support::Yes,
+            handshakes: Support::No("Pure has no handshake: a sender's first record is already sealed"),
+            disconnect: Support::No(
+                "a Pure link is connectionless: there is nothing to close, a device simply stops sending",
             ),
-            _ => Support::Yes,
+            pubsub: Support::No(
+                "the Pure receiver has no publish/subscribe relay yet",
+            ),
+            memory: MemorySource::Rss,
         }
     }
 
@@ -178,14 +216,14 @@ impl Transport for Pure {
     }
 
     fn serve(&self, config: ServeConfig) -> BoxFuture<'static, Result<(), TransportError>> {
-        let (kind, memo) = (self.kind, self.memo);
+        let (kind, memo, given) = (self.kind, self.memo, self.senders.clone());
         Box::pin(async move {
             let node =
                 NodeKey::load(&config.identity.join(files::NODE_KEY)).map_err(identity_err)?;
-            let senders = if config.senders.is_empty() {
+            let senders = if given.is_empty() {
                 AllowList::load(&config.identity.join(files::SENDERS))
             } else {
-                AllowList::from_args(&config.senders)
+                AllowList::from_args(&given)
             }
             .map_err(identity_err)?;
             let socket = tokio::net::UdpSocket::bind(config.listen).await?;
@@ -215,10 +253,9 @@ impl Transport for Pure {
                 },
                 config.counters.clone(),
             );
-            let _ = config.ready.send(Ready {
-                addr: socket.local_addr()?,
-                public_key,
-            });
+            let _ = config
+                .ready
+                .send(Ready::new(socket.local_addr()?, public_key));
             server::run(socket, receiver, config.store).await
         })
     }

@@ -267,7 +267,7 @@ impl Sender {
                 f.rto = (f.rto * 2).min(self.config.max_rto);
                 f.deadline = now + f.rto;
                 self.ready.push_back(*seq);
-                Counters::inc(&self.counters.resent);
+                Counters::inc(&self.counters.resent_timeout);
                 expired = true;
             }
         }

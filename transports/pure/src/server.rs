@@ -7,7 +7,8 @@
 use crate::receiver::Receiver;
 use std::io;
 use tokio::net::UdpSocket;
-use transport_core::{StoreHandle, TransportError};
+use transport_core::commit::SharedStore;
+use transport_core::TransportError;
 
 /// Datagrams read per turn at most, so answers keep flowing under a flood.
 const MAX_DATAGRAMS_PER_TURN: usize = 256;
@@ -16,7 +17,7 @@ const MAX_DATAGRAMS_PER_TURN: usize = 256;
 pub async fn run(
     socket: UdpSocket,
     mut receiver: Receiver,
-    store: StoreHandle,
+    store: SharedStore,
 ) -> Result<(), TransportError> {
     let mut buf = vec![0u8; 65_536];
     let mut out = Vec::with_capacity(crate::wire::MAX_DATAGRAM);

@@ -240,7 +240,7 @@ fn every_variant_delivers_everything_once_under_loss() {
         );
         assert_eq!(distinct.len(), 450, "{kind:?}");
         assert!(
-            p.sender_counters.snapshot().resent > 0,
+            p.sender_counters.snapshot().resent_timeout > 0,
             "{kind:?}: loss made re-sends"
         );
         assert_eq!(p.receiver_counters.snapshot().refused(), 0, "{kind:?}");
@@ -435,7 +435,7 @@ fn a_link_device_continues_across_a_receiver_restart_without_a_handshake() {
     assert_eq!(p.receiver_counters.snapshot().since(&before).x25519, 4);
     // The devices did no asymmetric operation after their first record.
     assert_eq!(p.sender_counters.snapshot().x25519, 4);
-    assert_eq!(p.sender_counters.snapshot().resent, 0);
+    assert_eq!(p.sender_counters.snapshot().resent_timeout, 0);
 }
 
 #[test]
@@ -488,7 +488,7 @@ fn window_limits_records_in_flight_and_the_backlog_follows_answers() {
     p.drive(Duration::from_secs(30));
     assert_eq!(p.applied.len(), 1000);
     assert_eq!(
-        p.sender_counters.snapshot().resent,
+        p.sender_counters.snapshot().resent_timeout,
         0,
         "no timer was needed to drain the backlog"
     );

@@ -1,7 +1,7 @@
 //! The client side: one quinn endpoint (one UDP socket) shared by every device of a fleet, one connection per device
 //! with that device's own certificate, one bidirectional stream per order. Re-sending and reconnecting are the shared
 //! connection fleet's
-//! ([`ConnFleet`](transport_core::connfleet::ConnFleet)).
+//! ([`ConnFleet`](transport_conn::fleet::ConnFleet)).
 
 use bytes::BytesMut;
 use quinn::crypto::rustls::QuicClientConfig;
@@ -9,12 +9,13 @@ use quinn::{Connection, Endpoint, VarInt};
 use std::net::SocketAddr;
 use std::sync::{Arc, OnceLock};
 use std::time::Duration;
-use transport_core::connfleet::{Answer, Connector};
-use transport_core::tls::{ClientTls, DeviceCredentials, SERVER_NAME};
-use transport_core::{framing, net, quic};
+use transport_conn::fleet::{Answer, Connector};
+use transport_conn::quic;
+use transport_core::{framing, net};
 use transport_core::{BoxFuture, Counters, Order, TransportError};
+use transport_tls::{ClientTls, DeviceCredentials, SERVER_NAME};
 
-/// Opens devices' quinn connections for the connection fleet ([`transport_core::connfleet`]).
+/// Opens devices' quinn connections for the connection fleet ([`transport_conn::fleet`]).
 pub struct QuinnConnector {
     endpoint: Endpoint,
     server: SocketAddr,

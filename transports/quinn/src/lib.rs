@@ -4,11 +4,11 @@
 //!   certificate, sends each order on a bidirectional stream, and gets "stored" on the same stream once the store
 //!   has committed it. The stateless-reset key is derived from the server's key file, so a server restarted on the
 //!   same port resets the old process's connections at once.
-//! - [`client`]: a [`QuinnConnector`] for the shared connection fleet ([`transport_core::connfleet`]): one client
+//! - [`client`]: a [`QuinnConnector`] for the shared connection fleet ([`transport_conn::fleet`]): one client
 //!   endpoint (one UDP socket) for all devices, one connection per device with that device's certificate.
 //!
-//! The PKI and TLS configuration are [`transport_core::tls`]'s; the protocol on the streams (ALPN, frames, the
-//! server's answer to an order) and the settings it shares with the s2n-quic transport are [`transport_core::quic`]'s.
+//! The PKI and TLS configuration are [`transport_tls`]'s; the protocol on the streams (ALPN, frames, the
+//! server's answer to an order) and the settings it shares with the s2n-quic transport are [`transport_conn::quic`]'s.
 //! What is quinn's own is the endpoint and transport settings, listed in `docs/quinn.md`.
 
 pub mod client;
@@ -16,25 +16,19 @@ pub mod server;
 
 pub use client::QuinnConnector;
 
-use transport_core::connfleet::ConnFleet;
+use transport_conn::fleet::ConnFleet;
+use transport_conn::quic;
 use transport_core::{
-    BoxFuture, Fleet, FleetConfig, ServeConfig, Support, Transport, TransportError, WorkloadKind,
+    BoxFuture, Capabilities, Fleet, FleetConfig, ServeConfig, Spec, Transport, TransportError,
 };
 
-/// The variants this crate provides: (spec, one-line description).
-pub const VARIANTS: &[(&str, &str)] = &[(
-    "quinn",
-    "QUIC (quinn 0.11, rustls/aws-lc-rs): one connection per device with its own certificate, TLS 1.3 full \
-     handshake, one bidirectional stream per order",
-)];
-
-/// The transport for `quinn` (`variant` is what follows `quinn:` in the spec; there are no variants yet).
-pub fn transport(variant: Option<&str>) -> Option<Box<dyn Transport>> {
-    match variant {
-        None => Some(Box::new(Quinn)),
-        Some(_) => None,
-    }
-}
+/// The variants this crate provides.
+pub const SPECS: &[Spec] = &[Spec {
+    name: "quinn",
+    about: "QUIC (quinn 0.11, rustls/aws-lc-rs): one connection per device with its own certificate, TLS 1.3 full \
+            handshake, one bidirectional stream per order",
+    make: || Box::new(Quinn),
+}];
 
 /// The quinn transport.
 #[derive(Debug, Clone, Copy, Default)]
@@ -45,11 +39,12 @@ impl Transport for Quinn {
         "quinn"
     }
 
-    fn supports(&self, workload: WorkloadKind) -> Support {
-        Support::orders_only(
-            workload,
-            "publish/subscribe is not part of the quinn transport",
-        )
+    fn capabilities(&self) -> Capabilities {
+        quic::capabilities()
+    }
+
+    fn prepare(&self, dir: &std::path::Path, devices: u32) -> Result<(), TransportError> {
+        transport_tls::write_pki(dir, devices)
     }
 
     fn serve(&self, config: ServeConfig) -> BoxFuture<'static, Result<(), TransportError>> {
@@ -68,7 +63,7 @@ impl Transport for Quinn {
 fn transport_config(client: bool) -> quinn::TransportConfig {
     let mut config = quinn::TransportConfig::default();
     if client {
-        config.keep_alive_interval(Some(transport_core::quic::KEEP_ALIVE));
+        config.keep_alive_interval(Some(transport_conn::quic::KEEP_ALIVE));
     }
     config
 }
@@ -79,16 +74,8 @@ mod tests {
 
     #[test]
     fn registration() {
-        assert_eq!(transport(None).unwrap().spec(), "quinn");
-        assert!(transport(Some("x")).is_none());
-        assert_eq!(VARIANTS[0].0, "quinn");
-        assert!(matches!(
-            Quinn.supports(WorkloadKind::Restart),
-            Support::Yes
-        ));
-        assert!(matches!(
-            Quinn.supports(WorkloadKind::Fanout),
-            Support::No(_)
-        ));
+        assert_eq!(SPECS.len(), 1);
+        assert_eq!((SPECS[0].make)().spec(), SPECS[0].name);
+        assert!(Quinn.capabilities().handshakes.is_yes());
     }
 }

@@ -15,9 +15,10 @@ use std::net::SocketAddr;
 use std::path::Path;
 use std::sync::Arc;
 use std::time::Duration;
-use transport_core::quic::{self, codes, Served};
-use transport_core::store::StoreHandle;
-use transport_core::{net, sender_id, tls, Counters, ServeConfig, TransportError};
+use transport_conn::quic::{self, codes, Served};
+use transport_core::commit::SharedStore;
+use transport_core::{net, sender_id, Counters, ServeConfig, TransportError};
+use transport_tls as tls;
 
 /// The HKDF salt of the keys derived from the server's key file ([`tls::server_secret`]).
 const SALT: &[u8] = b"lb-bench quinn endpoint";
@@ -120,7 +121,7 @@ fn refused_certificate(error: &quinn::ConnectionError) -> bool {
     matches!(code.checked_sub(0x100), Some(42..=46 | 48 | 49 | 116))
 }
 
-async fn connection(incoming: Incoming, store: StoreHandle, counters: Arc<Counters>) {
+async fn connection(incoming: Incoming, store: SharedStore, counters: Arc<Counters>) {
     let conn = match incoming.await {
         Ok(conn) => conn,
         Err(e) => {
@@ -164,11 +165,11 @@ async fn order_stream(
     mut send: SendStream,
     mut recv: RecvStream,
     sender: u64,
-    store: &StoreHandle,
+    store: &SharedStore,
     counters: &Counters,
 ) {
     let code = |code| VarInt::from_u32(code);
-    match quic::answer_order(&mut recv, &mut send, sender, store, counters).await {
+    match quic::answer_order(&mut recv, &mut send, sender, store.as_ref(), counters).await {
         Served::Answered => {
             let _ = send.finish();
         }

@@ -1,16 +1,16 @@
 //! The quinn transport over real UDP on 127.0.0.1: an in-process server with a real store, a fleet of devices
-//! ([`transport_core::testing`]: the server is killed by dropping its runtime, so nothing more goes out). Only hard
+//! ([`transport_conn::testing`]: the server is killed by dropping its runtime, so nothing more goes out). Only hard
 //! invariants are asserted, never timings.
 
 use std::sync::Arc;
 use std::time::Duration;
-use transport_core::connfleet::{Answer, Connector};
-use transport_core::testing::{self, any_port, order, Harness};
+use transport_conn::fleet::{Answer, Connector};
+use transport_conn::testing::{self, any_port, order, Harness};
 use transport_core::Counters;
 use transport_quinn::QuinnConnector;
 
 fn harness(devices: u32) -> Harness {
-    Harness::new(transport_quinn::transport(None).unwrap(), devices)
+    Harness::new(Box::new(transport_quinn::Quinn), devices)
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -1,7 +1,7 @@
 //! The client side: one s2n-quic client endpoint (one UDP socket) shared by every device of a fleet, one connection
 //! per device with that device's own certificate ([`crate::tls::DeviceTls`]), one bidirectional stream per order.
 //! Re-sending and reconnecting are the shared connection fleet's
-//! ([`ConnFleet`](transport_core::connfleet::ConnFleet)).
+//! ([`ConnFleet`](transport_conn::fleet::ConnFleet)).
 
 use crate::events::{Events, Side};
 use crate::tls::{self, PrepareDevice};
@@ -15,10 +15,11 @@ use std::net::SocketAddr;
 use std::path::Path;
 use std::sync::Arc;
 use std::time::Duration;
-use transport_core::connfleet::{Answer, Connector};
-use transport_core::tls::DeviceCredentials;
-use transport_core::{framing, net, quic};
+use transport_conn::fleet::{Answer, Connector};
+use transport_conn::quic;
+use transport_core::{framing, net};
 use transport_core::{BoxFuture, Counters, Order, TransportError};
+use transport_tls::DeviceCredentials;
 
 /// One device's live connection: a handle to open streams on, and a future that resolves when it closes.
 pub struct S2nConn {
@@ -26,7 +27,7 @@ pub struct S2nConn {
     closed: Shared<BoxFuture<'static, ()>>,
 }
 
-/// Opens devices' s2n-quic connections for the connection fleet ([`transport_core::connfleet`]).
+/// Opens devices' s2n-quic connections for the connection fleet ([`transport_conn::fleet`]).
 pub struct S2nConnector {
     client: s2n_quic::Client,
     server: SocketAddr,

@@ -32,7 +32,8 @@
 use rustls::pki_types::CertificateDer;
 use s2n_quic::provider::event::{events, ConnectionInfo, ConnectionMeta, Subscriber};
 use std::sync::Arc;
-use transport_core::{tls, Counters};
+use transport_core::Counters;
+use transport_tls as tls;
 
 /// Which endpoint a subscriber serves.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

@@ -3,14 +3,14 @@
 //! | spec | TLS provider | asymmetric operations |
 //! |---|---|---|
 //! | `s2n-quic` | s2n-tls on aws-lc (s2n-quic's default) | derived per completed handshake ([`events`]) |
-//! | `s2n-quic:rustls` | rustls on aws-lc-rs, configured by [`transport_core::tls`] | counted where they happen |
+//! | `s2n-quic:rustls` | rustls on aws-lc-rs, configured by [`transport_tls`] | counted where they happen |
 //!
 //! Both behave as the quinn transport does: each device one connection with its own certificate from the run's CA
 //! (TLS 1.3, client certificate required, no resumption), one bidirectional stream per order, "stored" answered on
 //! that stream after the store's commit, the device's identity taken from its verified certificate and checked
 //! against each order's sender. Re-sending and reconnecting are the shared connection fleet's
-//! ([`transport_core::connfleet`]); the protocol on the streams (ALPN, frames, the server's answer to an order) and
-//! the settings shared with the quinn transport are [`transport_core::quic`]'s.
+//! ([`transport_conn::fleet`]); the protocol on the streams (ALPN, frames, the server's answer to an order) and
+//! the settings shared with the quinn transport are [`transport_conn::quic`]'s.
 //!
 //! - [`server`]: one s2n-quic server endpoint that stores orders and answers.
 //! - [`client`]: an [`S2nConnector`] for the connection fleet: one s2n-quic client endpoint (one UDP socket) for
@@ -32,9 +32,10 @@ pub mod tls;
 
 pub use client::S2nConnector;
 
-use transport_core::connfleet::ConnFleet;
+use transport_conn::fleet::ConnFleet;
+use transport_conn::quic;
 use transport_core::{
-    BoxFuture, Fleet, FleetConfig, ServeConfig, Support, Transport, TransportError, WorkloadKind,
+    BoxFuture, Capabilities, Fleet, FleetConfig, ServeConfig, Spec, Transport, TransportError,
 };
 
 /// The TLS provider of a variant.
@@ -47,7 +48,7 @@ pub enum Provider {
 }
 
 impl Provider {
-    /// Both providers, in the order of [`VARIANTS`].
+    /// Both providers, in the order of [`SPECS`].
     pub const ALL: [Provider; 2] = [Provider::S2nTls, Provider::Rustls];
 
     /// The variant's spec.
@@ -70,25 +71,22 @@ impl Provider {
     }
 }
 
-/// The variants this crate provides: (spec, one-line description).
-pub const VARIANTS: &[(&str, &str)] = &[
-    (
-        "s2n-quic",
-        "QUIC (s2n-quic 1.91, s2n-tls on aws-lc, its default provider): one connection per device with its own \
-         certificate, TLS 1.3 full handshake, one bidirectional stream per order; asymmetric operations derived \
-         per handshake",
-    ),
-    (
-        "s2n-quic:rustls",
-        "QUIC (s2n-quic 1.91, rustls on aws-lc-rs): as `s2n-quic`, with the rustls provider; asymmetric \
-         operations counted where they happen",
-    ),
+/// The variants this crate provides.
+pub const SPECS: &[Spec] = &[
+    Spec {
+        name: "s2n-quic",
+        about: "QUIC (s2n-quic 1.91, s2n-tls on aws-lc, its default provider): one connection per device with its \
+                own certificate, TLS 1.3 full handshake, one bidirectional stream per order; asymmetric operations \
+                derived per handshake",
+        make: || Box::new(S2nQuic::new(Provider::S2nTls)),
+    },
+    Spec {
+        name: "s2n-quic:rustls",
+        about: "QUIC (s2n-quic 1.91, rustls on aws-lc-rs): as `s2n-quic`, with the rustls provider; asymmetric \
+                operations counted where they happen",
+        make: || Box::new(S2nQuic::new(Provider::Rustls)),
+    },
 ];
-
-/// The transport for a full spec (`s2n-quic`, `s2n-quic:rustls`); `None` if the spec is not one of this crate's.
-pub fn transport(spec: &str) -> Option<Box<dyn Transport>> {
-    Provider::from_spec(spec).map(|provider| Box::new(S2nQuic { provider }) as Box<dyn Transport>)
-}
 
 /// The s2n-quic transport with one TLS provider.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -97,16 +95,24 @@ pub struct S2nQuic {
     pub provider: Provider,
 }
 
+impl S2nQuic {
+    /// The transport with `provider`.
+    pub fn new(provider: Provider) -> S2nQuic {
+        S2nQuic { provider }
+    }
+}
+
 impl Transport for S2nQuic {
     fn spec(&self) -> &str {
         self.provider.spec()
     }
 
-    fn supports(&self, workload: WorkloadKind) -> Support {
-        Support::orders_only(
-            workload,
-            "publish/subscribe is not part of the s2n-quic transport",
-        )
+    fn capabilities(&self) -> Capabilities {
+        quic::capabilities()
+    }
+
+    fn prepare(&self, dir: &std::path::Path, devices: u32) -> Result<(), TransportError> {
+        transport_tls::write_pki(dir, devices)
     }
 
     fn serve(&self, config: ServeConfig) -> BoxFuture<'static, Result<(), TransportError>> {
@@ -139,17 +145,14 @@ mod tests {
 
     #[test]
     fn registration() {
-        for (spec, _) in VARIANTS {
-            assert_eq!(transport(spec).unwrap().spec(), *spec);
+        assert_eq!(SPECS.len(), Provider::ALL.len());
+        for (spec, provider) in SPECS.iter().zip(Provider::ALL) {
+            assert_eq!((spec.make)().spec(), spec.name);
+            assert_eq!(Provider::from_spec(spec.name), Some(provider));
         }
-        assert_eq!(VARIANTS.len(), Provider::ALL.len());
         for spec in ["s2n-quic:", "s2n-quic:x", "s2n", "quinn", ""] {
-            assert!(transport(spec).is_none(), "{spec}");
+            assert!(Provider::from_spec(spec).is_none(), "{spec}");
         }
-        let t = transport("s2n-quic").unwrap();
-        assert_eq!(t.supports(WorkloadKind::Restart), Support::Yes);
-        assert_eq!(t.supports(WorkloadKind::FirstContact), Support::Yes);
-        assert!(matches!(t.supports(WorkloadKind::Fanout), Support::No(_)));
         assert!(Provider::S2nTls.derives_asym_ops() && !Provider::Rustls.derives_asym_ops());
     }
 }

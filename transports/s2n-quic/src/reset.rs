@@ -14,7 +14,8 @@
 use aws_lc_rs::hmac;
 use s2n_quic_core::stateless_reset::token::{Token, LEN as TOKEN_LEN};
 use std::path::Path;
-use transport_core::{tls, TransportError};
+use transport_core::TransportError;
+use transport_tls as tls;
 
 /// The HKDF salt: a label for this use, so the key is never the same as any other derived from the same file.
 const SALT: &[u8] = b"lb-bench s2n-quic endpoint";

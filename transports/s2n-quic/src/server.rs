@@ -19,8 +19,8 @@ use futures::stream;
 use s2n_quic::stream::BidirectionalStream;
 use std::net::SocketAddr;
 use std::sync::Arc;
-use transport_core::quic::{self, codes, Served};
-use transport_core::store::StoreHandle;
+use transport_conn::quic::{self, codes, Served};
+use transport_core::commit::SharedStore;
 use transport_core::{net, sender_id, Counters, ServeConfig, TransportError};
 
 /// Start an s2n-quic server endpoint with the given TLS provider (a macro because each provider makes the builder
@@ -75,7 +75,7 @@ fn start(
     Ok((server.local_addr()?, server))
 }
 
-async fn connection(conn: s2n_quic::Connection, store: StoreHandle, counters: Arc<Counters>) {
+async fn connection(conn: s2n_quic::Connection, store: SharedStore, counters: Arc<Counters>) {
     Counters::inc(&counters.handshakes);
     let sender = conn
         .query_event_context(|state: &ConnState| state.device.clone())
@@ -107,11 +107,11 @@ async fn connection(conn: s2n_quic::Connection, store: StoreHandle, counters: Ar
 async fn order_stream(
     stream: BidirectionalStream,
     sender: u64,
-    store: &StoreHandle,
+    store: &SharedStore,
     counters: &Counters,
 ) {
     let (mut recv, mut send) = stream.split();
-    match quic::answer_order(&mut recv, &mut send, sender, store, counters).await {
+    match quic::answer_order(&mut recv, &mut send, sender, store.as_ref(), counters).await {
         Served::Answered => {
             let _ = send.finish();
         }

@@ -1,10 +1,10 @@
 //! The TLS of both variants: the server's, and the client's per-device endpoint.
 //!
-//! Both variants use the run's PKI from [`transport_core::tls`] (CA, server certificate for `localhost`, one client
+//! Both variants use the run's PKI from [`transport_tls`] (CA, server certificate for `localhost`, one client
 //! certificate per device) with the same rules: TLS 1.3 only (QUIC allows nothing else), a client certificate
 //! issued by the CA required, the server's certificate checked for [`SERVER_NAME`], no session resumption.
 //!
-//! - **rustls** (`s2n-quic:rustls`): the server and device configurations are [`transport_core::tls`]'s own (its
+//! - **rustls** (`s2n-quic:rustls`): the server and device configurations are [`transport_tls`]'s own (its
 //!   counting crypto provider, no session storage, no tickets, resumption disabled), handed to s2n-quic's rustls
 //!   provider as they are.
 //! - **s2n-tls** (`s2n-quic`): s2n-quic's builders with s2n-quic's default security policy (`default_tls13`), an
@@ -31,9 +31,9 @@ use s2n_quic_core::application::ServerName;
 use s2n_quic_core::crypto::tls::{ConnectionInfo, Endpoint};
 use std::path::Path;
 use std::sync::{Arc, Mutex};
-use transport_core::quic::ALPN;
-use transport_core::tls::{self as core_tls, ClientTls, DeviceCredentials, SERVER_NAME};
+use transport_conn::quic::ALPN;
 use transport_core::{Counters, TransportError};
+use transport_tls::{self as core_tls, ClientTls, DeviceCredentials, SERVER_NAME};
 
 fn s2n_error(what: &str, e: impl std::fmt::Display) -> TransportError {
     TransportError::Config(format!("s2n-tls {what}: {e}"))
@@ -114,7 +114,7 @@ pub fn s2n_tls_server(identity: &Path) -> Result<quic_s2n::Server, TransportErro
     builder.build().map_err(|e| s2n_error("configuration", e))
 }
 
-/// The rustls server endpoint: [`transport_core::tls::server_config`] as it is, counting into `counters`.
+/// The rustls server endpoint: [`transport_tls::server_config`] as it is, counting into `counters`.
 pub fn rustls_server(
     identity: &Path,
     counters: Arc<Counters>,

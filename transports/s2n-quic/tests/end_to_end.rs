@@ -1,23 +1,23 @@
 //! The s2n-quic transport over real UDP on 127.0.0.1, both variants: an in-process server with a real store, a
-//! fleet of devices ([`transport_core::testing`]: the server is killed by dropping its runtime, so nothing more goes
+//! fleet of devices ([`transport_conn::testing`]: the server is killed by dropping its runtime, so nothing more goes
 //! out). Only hard invariants are asserted, never timings (except that a stateless reset closes an old connection
 //! well before the 30 s idle timeout could).
 
 use std::sync::Arc;
 use std::time::Duration;
-use transport_core::connfleet::{Answer, Connector, MakeConnector};
-use transport_core::testing::{self, any_port, order, Harness};
+use transport_conn::fleet::{Answer, Connector, MakeConnector};
+use transport_conn::testing::{self, any_port, order, Harness};
 use transport_core::{CounterSnapshot, Counters};
 use transport_s2n_quic::{Provider, S2nConnector};
 
 fn harness(provider: Provider, devices: u32) -> Harness {
     Harness::new(
-        transport_s2n_quic::transport(provider.spec()).unwrap(),
+        Box::new(transport_s2n_quic::S2nQuic::new(provider)),
         devices,
     )
 }
 
-/// The connector of `provider` for [`transport_core::testing`]'s checks (the CA is read from `h`'s identity).
+/// The connector of `provider` for [`transport_conn::testing`]'s checks (the CA is read from `h`'s identity).
 fn connector(provider: Provider, h: &Harness) -> impl MakeConnector<S2nConnector> + '_ {
     move |server, credentials, devices, counters| {
         S2nConnector::new(

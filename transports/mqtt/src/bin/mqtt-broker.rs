@@ -3,7 +3,7 @@
 //!     mqtt-broker --identity DIR --prepare 10 --pem-out DIR/pem --store DIR/store   # new PKI, then serve
 //!     mqtt-broker --identity DIR --store DIR/store --listen 127.0.0.1:8883 --plaintext 127.0.0.1:1883
 //!
-//! The identity directory holds `ca.pem`, `server.pem`, `server.key` and `devices.der` as `transport_core::tls`
+//! The identity directory holds `ca.pem`, `server.pem`, `server.key` and `devices.der` as `transport_tls`
 //! writes them. Orders published to `orders/<device>` go into the store at `--store` before their PUBACK.
 
 use anyhow::Context;
@@ -13,9 +13,10 @@ use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::Duration;
 use tokio_rustls::TlsAcceptor;
-use transport_core::store::{Store, StoreHandle, SyncPolicy};
-use transport_core::{tls, Counters};
+use transport_core::Counters;
 use transport_mqtt::broker::{BrokerConfig, Listener, RunningBroker};
+use transport_store::{Store, StoreHandle, SyncPolicy};
+use transport_tls as tls;
 
 /// Run the in-tree MQTT broker.
 #[derive(Debug, Parser)]
@@ -127,7 +128,7 @@ async fn run(opt: Opt) -> anyhow::Result<()> {
         eprintln!("mqtt-broker: plaintext on {}", tcp.local_addr()?);
         listeners.push(Listener { tcp, tls: None });
     }
-    let broker = RunningBroker::new(opt.config(), store.clone(), counters);
+    let broker = RunningBroker::new(opt.config(), Arc::new(store.clone()), counters);
     tokio::select! {
         result = broker.run(listeners) => result?,
         _ = tokio::signal::ctrl_c() => eprintln!("mqtt-broker: stopping"),

@@ -274,7 +274,7 @@ impl Connection {
             }
             let order = decode_order_body(&p.payload)
                 .ok()
-                .filter(|o| o.payload.len() <= transport_core::store::MAX_PAYLOAD)
+                .filter(|o| o.payload.len() <= transport_core::MAX_PAYLOAD)
                 .ok_or(Close::OrderRefused(OrderRefusal::Malformed))?;
             if order.id.sender != sender_id(device) {
                 return Err(Close::OrderRefused(OrderRefusal::WrongSender));

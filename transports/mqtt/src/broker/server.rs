@@ -26,7 +26,7 @@ use tokio::sync::{mpsc, Notify, OwnedSemaphorePermit, Semaphore};
 use tokio::task::JoinSet;
 use tokio::time::Instant;
 use tokio_rustls::TlsAcceptor;
-use transport_core::store::StoreHandle;
+use transport_core::commit::SharedStore;
 use transport_core::{Counters, TransportError};
 
 /// The broker's settings.
@@ -64,7 +64,7 @@ impl Default for BrokerConfig {
 pub struct Listener {
     /// The bound socket.
     pub tcp: TcpListener,
-    /// TLS 1.3 with client certificates (`transport_core::tls::server_config`); `None` is plaintext, only when asked.
+    /// TLS 1.3 with client certificates (`transport_tls::server_config`); `None` is plaintext, only when asked.
     pub tls: Option<TlsAcceptor>,
 }
 
@@ -89,7 +89,7 @@ struct Locked {
 struct Shared {
     locked: Mutex<Locked>,
     config: BrokerConfig,
-    store: StoreHandle,
+    store: SharedStore,
     counters: Arc<Counters>,
     next_conn: AtomicU64,
 }
@@ -131,7 +131,7 @@ pub struct Broker {
 
 impl Broker {
     /// A broker committing orders to `store` and counting into `counters`.
-    pub fn new(config: BrokerConfig, store: StoreHandle, counters: Arc<Counters>) -> Self {
+    pub fn new(config: BrokerConfig, store: SharedStore, counters: Arc<Counters>) -> Self {
         let state = State::new(
             config.limits.clone(),
             counters.clone(),
@@ -180,7 +180,7 @@ pub async fn serve(
     config: BrokerConfig,
     tls: (SocketAddr, TlsAcceptor),
     plaintext: Option<SocketAddr>,
-    store: StoreHandle,
+    store: SharedStore,
     counters: Arc<Counters>,
 ) -> Result<(), TransportError> {
     let mut listeners = vec![Listener {
@@ -248,7 +248,7 @@ async fn sys_loop(shared: Arc<Shared>) -> Result<(), TransportError> {
     tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     loop {
         tick.tick().await;
-        let memory = transport_core::sample::rss_bytes(std::process::id()).unwrap_or(0);
+        let memory = transport_core::procfs::rss_bytes(std::process::id()).unwrap_or(0);
         shared.with_state(|s| s.publish_sys(std::time::Instant::now(), memory));
     }
 }
@@ -273,7 +273,7 @@ async fn handle(
                 .get_ref()
                 .1
                 .peer_certificates()
-                .and_then(transport_core::tls::peer_device);
+                .and_then(transport_tls::peer_device);
             if identity.is_none() {
                 // A verified certificate without a readable common name has no identity to serve.
                 Counters::inc(&shared.counters.refused_unknown);

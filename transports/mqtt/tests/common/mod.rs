@@ -8,12 +8,12 @@ use std::time::Duration;
 use tokio::net::{TcpListener, TcpStream};
 use tokio_rustls::client::TlsStream;
 use tokio_rustls::TlsAcceptor;
-use transport_core::store::{Store, StoreHandle, SyncPolicy};
-use transport_core::tls::{self, ClientTls, DeviceCredentials};
 use transport_core::Counters;
 use transport_mqtt::broker::{BrokerConfig, Listener, RunningBroker};
 use transport_mqtt::client::{connect_packet, connect_tls, ClientError, MqttStream};
 use transport_mqtt::codec::Packet;
+use transport_store::{Store, StoreHandle, SyncPolicy};
+use transport_tls::{self as tls, ClientTls, DeviceCredentials};
 
 pub type Tls = MqttStream<TlsStream<TcpStream>>;
 
@@ -57,7 +57,7 @@ impl TestBroker {
             plain = Some(tcp.local_addr().unwrap());
             listeners.push(Listener { tcp, tls: None });
         }
-        let broker = RunningBroker::new(config, store.clone(), counters.clone());
+        let broker = RunningBroker::new(config, Arc::new(store.clone()), counters.clone());
         let run = broker.clone().run(listeners);
         let task = tokio::spawn(async move {
             if let Err(e) = run.await {

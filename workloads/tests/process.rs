@@ -4,8 +4,8 @@
 use std::io::{BufRead, BufReader};
 use std::process::Stdio;
 use std::time::{Duration, Instant};
-use transport_core::process::{install_cleanup, live_pids, ProcessError, ServerProcess};
-use transport_core::sample::process_state;
+use workloads::process::{install_cleanup, live_pids, ProcessError, ServerProcess};
+use workloads::sample::process_state;
 
 /// A server that reports ready, answers every stdin line with a counter, and exits at end of input.
 const SERVER: &str = r#"echo "{\"ready\":{\"transport\":\"sh\",\"addr\":\"127.0.0.1:4433\",\"public_key\":\"ab01\",\"pid\":$$}}"

@@ -1,7 +1,7 @@
 //! What the QUIC transports (quinn, s2n-quic) share: one protocol on the wire, its settings, and the server's loops.
 //!
 //! The protocol ([`ALPN`] `lb-orders`): a device opens one bidirectional stream per order, writes the order frame
-//! ([`crate::framing`]) and finishes its side; the server answers on the same stream with one `Stored` or `Refused`
+//! ([`transport_core::framing`]) and finishes its side; the server answers on the same stream with one `Stored` or `Refused`
 //! frame and finishes ([`answer_order`]), or resets the stream with one of the [`codes`]; the device reads the answer
 //! with [`read_answer`]. The device's identity is its certificate's common name, and each order's sender must be it.
 //!
@@ -9,10 +9,7 @@
 //! connection in that connection's task ([`serve_each`]). What stays in each transport is its library's API:
 //! endpoints, handshakes, how a stream is finished or reset.
 
-use crate::connfleet::Answer;
-use crate::framing::{self, Frame, FrameError};
-use crate::store::{StoreError, StoreHandle};
-use crate::{tls, Counters, Order, Ready, ServeConfig, TransportError};
+use crate::fleet::Answer;
 use bytes::BytesMut;
 use futures::stream::{FuturesUnordered, Stream, StreamExt};
 use std::future::Future;
@@ -22,6 +19,12 @@ use std::sync::Arc;
 use std::task::{Context, Poll};
 use std::time::Duration;
 use tokio::io::{AsyncRead, AsyncWrite, AsyncWriteExt};
+use transport_core::commit::{CommitError, OrderStore, SharedStore};
+use transport_core::framing::{self, Frame, FrameError};
+use transport_core::{
+    Capabilities, Counters, MemorySource, Order, Ready, ServeConfig, Support, TransportError,
+};
+use transport_tls as tls;
 
 /// The ALPN protocol of orders over QUIC streams.
 pub const ALPN: &[u8] = b"lb-orders";
@@ -36,6 +39,17 @@ pub const CLIENT_SOCKET_BUFFER: usize = 64 << 20;
 /// The client's keep-alive period: longer than the restart workload's order period (5 s), so devices that send
 /// regularly never send a PING, and well under the 30 s idle timeout so idle links stay open.
 pub const KEEP_ALIVE: Duration = Duration::from_secs(10);
+
+/// What both QUIC transports can do.
+pub fn capabilities() -> Capabilities {
+    Capabilities {
+        stored_answers: Support::Yes,
+        handshakes: Support::Yes,
+        disconnect: Support::Yes,
+        pubsub: Support::No("the QUIC servers do not relay published messages yet"),
+        memory: MemorySource::Rss,
+    }
+}
 
 /// Application error codes a server closes a connection or resets a stream with.
 pub mod codes {
@@ -62,7 +76,7 @@ pub enum Served {
     StoreFailed,
 }
 
-/// The server's work on one stream of the device `sender` (its certificate's identity, as [`crate::sender_id`]):
+/// The server's work on one stream of the device `sender` (its certificate's identity, as [`transport_core::sender_id`]):
 /// one order frame in from `recv`; the order refused if its sender is not `sender` (`refused_unknown`); else
 /// committed to `store`; then one answer frame out to `send`. An order the store can never hold (its payload too
 /// large for a record) is refused (`refused_malformed`) rather than failed, so it is not sent again forever.
@@ -70,7 +84,7 @@ pub async fn answer_order<R, W>(
     recv: &mut R,
     send: &mut W,
     sender: u64,
-    store: &StoreHandle,
+    store: &dyn OrderStore,
     counters: &Counters,
 ) -> Served
 where
@@ -102,7 +116,7 @@ where
 async fn answer(
     order: Order,
     sender: u64,
-    store: &StoreHandle,
+    store: &dyn OrderStore,
     counters: &Counters,
 ) -> Option<Frame> {
     Counters::inc(&counters.received);
@@ -115,7 +129,7 @@ async fn answer(
         // Applied now or before: either way it is stored.
         Ok(_) => Some(Frame::Stored(id)),
         // Never storable: refused rather than left to be sent again forever.
-        Err(StoreError::PayloadTooLarge { .. }) => {
+        Err(CommitError::PayloadTooLarge { .. }) => {
             Counters::inc(&counters.refused_malformed);
             Some(Frame::Refused(id))
         }
@@ -145,7 +159,7 @@ pub async fn read_answer<R: AsyncRead + Unpin>(recv: &mut R) -> Result<Answer, T
 pub async fn serve<T, S, F>(
     config: ServeConfig,
     start: impl FnOnce(&ServeConfig) -> Result<(SocketAddr, S), TransportError>,
-    connection: impl Fn(T, StoreHandle, Arc<Counters>) -> F,
+    connection: impl Fn(T, SharedStore, Arc<Counters>) -> F,
 ) -> Result<(), TransportError>
 where
     S: Stream<Item = T>,
@@ -153,7 +167,7 @@ where
 {
     let public_key = tls::server_fingerprint(&config.identity)?;
     let (addr, incoming) = start(&config)?;
-    let _ = config.ready.send(Ready { addr, public_key });
+    let _ = config.ready.send(Ready::new(addr, public_key));
     spawn_each(incoming, |conn| {
         connection(conn, config.store.clone(), config.counters.clone())
     })
@@ -210,15 +224,15 @@ impl Drop for Task {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::store::{Store, SyncPolicy};
     use crate::testing::order;
     use std::sync::atomic::{AtomicUsize, Ordering};
+    use transport_store::{Store, StoreHandle, SyncPolicy};
 
     /// One stream's exchange over an in-memory pipe: the answer step on one end, the device's bytes on the other.
     async fn exchange(
         device: &[u8],
         sender: u64,
-        store: &StoreHandle,
+        store: &dyn OrderStore,
         counters: &Counters,
     ) -> (Served, Result<Answer, TransportError>) {
         let (mut server, mut client) = tokio::io::duplex(1 << 20);
@@ -259,7 +273,7 @@ mod tests {
         assert_eq!(answer.unwrap(), Answer::Refused(spoofed.id));
         // Too large for a record.
         let mut huge = order(7, 1);
-        huge.payload = vec![0; crate::store::MAX_PAYLOAD + 1];
+        huge.payload = vec![0; transport_core::MAX_PAYLOAD + 1];
         let (_, answer) = exchange(&frame(&huge), 7, &store, &counters).await;
         assert_eq!(answer.unwrap(), Answer::Refused(huge.id));
         // No whole frame, then not an order.

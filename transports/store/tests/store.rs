@@ -3,9 +3,9 @@
 use std::fs::{self, OpenOptions};
 use std::io::Write;
 use std::path::Path;
-use transport_core::order::{Order, OrderId};
-use transport_core::store::{
-    audit, read_log, Outcome, Store, StoreError, StoreHandle, SyncPolicy, LOG_FILE, MAX_PAYLOAD,
+use transport_core::order::{Order, OrderId, MAX_PAYLOAD};
+use transport_store::{
+    audit, read_log, Outcome, Store, StoreError, StoreHandle, SyncPolicy, LOG_FILE,
 };
 
 fn id(sender: u64, seq: u64) -> OrderId {
@@ -384,7 +384,7 @@ fn audit_reads_the_log() {
     assert_eq!((recovery.records, recovery.duplicates), (8, 2));
 
     let json = serde_json::to_string(&a).unwrap();
-    let back: transport_core::store::Audit = serde_json::from_str(&json).unwrap();
+    let back: transport_store::Audit = serde_json::from_str(&json).unwrap();
     assert_eq!(back, a);
 }
 

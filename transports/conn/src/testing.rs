@@ -8,19 +8,19 @@
 //! only hard invariants, never timings; what differs between transports (the asymmetric operations each counts)
 //! they return for the caller to check.
 
-use crate::connfleet::{Answer, ConnFleet, Connector, MakeConnector, Policy};
-use crate::store::{self, Store, StoreHandle, SyncPolicy};
-use crate::tls::DeviceCredentials;
-use crate::{
-    CounterSnapshot, Counters, Fleet, FleetConfig, LinkEvent, Order, OrderId, ServeConfig,
-    Transport,
-};
+use crate::fleet::{Answer, ConnFleet, Connector, MakeConnector, Policy};
 use std::collections::{HashMap, HashSet};
 use std::net::SocketAddr;
 use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::Duration;
 use tokio::sync::{mpsc, oneshot};
+use transport_core::{
+    CounterSnapshot, Counters, Fleet, FleetConfig, LinkEvent, Order, OrderId, ServeConfig,
+    Transport,
+};
+use transport_store::{self as store, Store, StoreHandle, SyncPolicy};
+use transport_tls::DeviceCredentials;
 
 /// A transport with a fresh identity directory and store directory (removed when dropped).
 pub struct Harness {
@@ -68,10 +68,8 @@ impl Harness {
                 let config = ServeConfig {
                     listen,
                     identity,
-                    store,
-                    threads: 1,
+                    store: Arc::new(store),
                     counters,
-                    senders: Vec::new(),
                     ready,
                 };
                 let serve = transport.serve(config);
@@ -197,7 +195,7 @@ pub fn order(device: u32, seq: u64) -> Order {
         seq,
     };
     let mut payload = Vec::new();
-    crate::order::fill_payload(&id, 64, &mut payload);
+    transport_core::order::fill_payload(&id, 64, &mut payload);
     Order {
         id,
         made_us: 0,
@@ -223,7 +221,7 @@ pub async fn wait_stored(
                 *seen.entry(id).or_default() += 1;
                 missing.remove(&id);
             }
-            Ok(Some(LinkEvent::Connected { .. })) => {}
+            Ok(Some(_)) => {}
             _ => panic!(
                 "{} of {} orders never reported stored",
                 missing.len(),
@@ -301,7 +299,10 @@ pub async fn every_order_stored_once(
     assert_eq!(client_counts.handshakes, n, "{client_counts:?}");
     assert_eq!(server_counts.handshakes, n, "{server_counts:?}");
     assert_eq!(server_counts.received, made.len() as u64);
-    assert_eq!((client_counts.resent, client_counts.reconnects), (0, 0));
+    assert_eq!(
+        (client_counts.resent_reconnect, client_counts.reconnects),
+        (0, 0)
+    );
     (client_counts, server_counts)
 }
 
@@ -396,7 +397,7 @@ pub async fn spoofed_and_oversized_orders_are_refused<C: Connector>(
     );
     // A payload larger than a store record can hold.
     let mut huge = order(0, 1);
-    huge.payload = vec![7; store::MAX_PAYLOAD + 1];
+    huge.payload = vec![7; transport_core::MAX_PAYLOAD + 1];
     assert_eq!(
         connector.send_order(&conn, &huge).await.unwrap(),
         Answer::Refused(huge.id)

@@ -41,9 +41,6 @@
 //! `cert_len (u32) | cert DER | key_len (u32) | key DER (PKCS#8)`, then a CRC-32 of everything before it (u32).
 //! One file loads 10,000 identities in a few milliseconds; keys are parsed only when a device's config is built.
 
-use crate::counters::Counters;
-use crate::order::device_name;
-use crate::TransportError;
 use ::aws_lc_rs::{digest, hkdf};
 use rustls::client::danger::ServerCertVerifier;
 use rustls::client::{Resumption, WebPkiServerVerifier};
@@ -65,6 +62,9 @@ use std::fmt;
 use std::io::Write;
 use std::path::Path;
 use std::sync::{Arc, Mutex};
+use transport_core::device_name;
+use transport_core::Counters;
+use transport_core::TransportError;
 
 /// The name the server certificate is issued for, and the name every client checks (whatever address it dials).
 pub const SERVER_NAME: &str = "localhost";
@@ -816,8 +816,8 @@ fn common_name(cert: &[u8]) -> Option<String> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::counters::CounterSnapshot;
     use rustls::{ClientConnection, HandshakeKind, ServerConnection};
+    use transport_core::CounterSnapshot;
 
     /// Run a handshake between two in-memory connections; true if both sides completed it.
     fn handshake(

@@ -21,18 +21,13 @@
 //!
 //! `handshakes` (each connection the connector completed), `reconnects` (each connection a device opened after its
 //! first), `resent` (each order sent again on a new connection). The TLS operations themselves are counted by the
-//! crypto provider ([`crate::tls`]).
+//! crypto provider ([`transport_tls`]).
 //!
 //! # Cost per device
 //!
 //! One tokio task, a command queue (a mutex-guarded `Vec` and a `Notify`), the connection, and the orders in
 //! flight; nothing else is allocated while a device is idle.
 
-use crate::counters::Counters;
-use crate::order::{Order, OrderId};
-use crate::tls::DeviceCredentials;
-use crate::transport::{BoxFuture, Fleet, FleetConfig, LinkEvent};
-use crate::TransportError;
 use futures::stream::{FuturesUnordered, StreamExt};
 use std::net::SocketAddr;
 use std::sync::atomic::{AtomicUsize, Ordering};
@@ -41,6 +36,11 @@ use std::time::Duration;
 use tokio::sync::{mpsc, oneshot, watch, Notify};
 use tokio::task::JoinSet;
 use tokio::time::Instant;
+use transport_core::Counters;
+use transport_core::TransportError;
+use transport_core::{BoxFuture, Fleet, FleetConfig, LinkEvent};
+use transport_core::{Order, OrderId};
+use transport_tls::DeviceCredentials;
 
 /// The server's answer to one order.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -79,6 +79,13 @@ pub trait Connector: Send + Sync + 'static {
     /// Close `conn` (the device gave up on it or the fleet is closing).
     fn close(&self, conn: Self::Conn) {
         drop(conn);
+    }
+
+    /// Close `conn` politely, as the protocol says a client leaves (MQTT's DISCONNECT, a QUIC close with no
+    /// error); resolves when it is closed. The default is [`close`](Connector::close).
+    fn disconnect(&self, conn: Self::Conn) -> BoxFuture<'static, ()> {
+        self.close(conn);
+        Box::pin(async {})
     }
 
     /// Called once when the fleet closes, after every device has stopped (e.g. to let an endpoint drain).
@@ -128,6 +135,7 @@ impl Default for Policy {
 enum Command {
     Order(Order),
     Connect(oneshot::Sender<Result<(), TransportError>>),
+    Disconnect(oneshot::Sender<Result<(), TransportError>>),
 }
 
 /// One device's mailbox.
@@ -185,7 +193,7 @@ impl<C: Connector> ConnFleet<C> {
         }
     }
 
-    /// The fleet a transport's [`Transport::fleet`](crate::Transport::fleet) returns for `config`: the devices'
+    /// The fleet a transport's [`Transport::fleet`](transport_core::Transport::fleet) returns for `config`: the devices'
     /// credentials loaded from its identity directory (enough for its devices), a connector for them, the default
     /// policy. Must be called inside a tokio runtime.
     pub fn from_config(
@@ -226,6 +234,20 @@ impl<C: Connector> Fleet for ConnFleet<C> {
     fn connect(&self, device: u32) -> BoxFuture<'_, Result<(), TransportError>> {
         let (tx, rx) = oneshot::channel();
         let posted = self.post(device, Command::Connect(tx));
+        Box::pin(async move {
+            if posted.is_err() {
+                return Err(TransportError::Config(format!(
+                    "no device {device} in this fleet"
+                )));
+            }
+            rx.await
+                .unwrap_or_else(|_| Err(TransportError::Protocol("the fleet is closed".into())))
+        })
+    }
+
+    fn disconnect(&self, device: u32) -> BoxFuture<'_, Result<(), TransportError>> {
+        let (tx, rx) = oneshot::channel();
+        let posted = self.post(device, Command::Disconnect(tx));
         Box::pin(async move {
             if posted.is_err() {
                 return Err(TransportError::Config(format!(
@@ -288,6 +310,14 @@ struct Device<C: Connector> {
     /// Whether the current connection has answered anything: one that drops before it has is a failed attempt
     /// (e.g. the server refused the certificate after the client's side of the handshake finished).
     proven: bool,
+    /// Whether the device wants a link: set when it is asked to connect or given an order, cleared when it is asked
+    /// to disconnect. A device that wants a link opens it again whenever it drops.
+    keep: bool,
+    /// Whether the last link ended without being asked to (the next one is a reconnect).
+    lost: bool,
+    /// A link being closed on request, and who asked.
+    leaving: Option<C::Conn>,
+    goodbyes: Vec<oneshot::Sender<Result<(), TransportError>>>,
 }
 
 impl<C: Connector> Device<C> {
@@ -306,6 +336,10 @@ impl<C: Connector> Device<C> {
             backoff,
             retry_at: None,
             proven: false,
+            keep: false,
+            lost: false,
+            leaving: None,
+            goodbyes: Vec::new(),
         }
     }
 
@@ -317,9 +351,24 @@ impl<C: Connector> Device<C> {
                 break;
             }
             self.take_commands(mailbox);
-            // A device that has work, or has been connected before, keeps a connection.
-            let wants =
-                !self.outstanding.is_empty() || !self.waiters.is_empty() || self.generation > 0;
+            if !self.goodbyes.is_empty() {
+                // Closing on request: the old link says goodbye before anything else happens on this device.
+                let goodbye = match self.leaving.take() {
+                    Some(conn) => self.connector.disconnect(conn),
+                    None => Box::pin(async {}),
+                };
+                tokio::select! {
+                    biased;
+                    _ = shutdown.changed() => break,
+                    () = goodbye => {}
+                }
+                for reply in self.goodbyes.drain(..) {
+                    let _ = reply.send(Ok(()));
+                }
+                continue;
+            }
+            // A device that has work, or wants its link, keeps a connection.
+            let wants = !self.outstanding.is_empty() || !self.waiters.is_empty() || self.keep;
             let may_try = self.retry_at.is_none_or(|t| Instant::now() >= t);
             if self.conn.is_none() && wants && may_try {
                 let attempt = tokio::time::timeout(
@@ -357,10 +406,13 @@ impl<C: Connector> Device<C> {
                 }
             }
         }
-        if let Some(conn) = self.conn.take() {
+        for conn in [self.conn.take(), self.leaving.take()]
+            .into_iter()
+            .flatten()
+        {
             self.connector.close(conn);
         }
-        for waiter in self.waiters.drain(..) {
+        for waiter in self.waiters.drain(..).chain(self.goodbyes.drain(..)) {
             let _ = waiter.send(Err(TransportError::Protocol("the fleet is closed".into())));
         }
     }
@@ -370,17 +422,52 @@ impl<C: Connector> Device<C> {
             std::mem::take(&mut *mailbox.commands.lock().unwrap_or_else(|e| e.into_inner()));
         for command in commands {
             match command {
-                Command::Order(order) => self.outstanding.push(Outstanding {
-                    order,
-                    sent_on: 0,
-                    sent_at: None,
-                }),
+                Command::Order(order) => {
+                    self.keep = true;
+                    self.outstanding.push(Outstanding {
+                        order,
+                        sent_on: 0,
+                        sent_at: None,
+                    })
+                }
                 Command::Connect(reply) if self.conn.is_some() => {
                     let _ = reply.send(Ok(()));
                 }
-                Command::Connect(reply) => self.waiters.push(reply),
+                Command::Connect(reply) => {
+                    self.keep = true;
+                    self.waiters.push(reply)
+                }
+                Command::Disconnect(reply) => {
+                    self.forget();
+                    self.goodbyes.push(reply);
+                }
             }
         }
+    }
+
+    /// Asked to disconnect: give up the link and everything not yet answered, as a device that leaves does. The
+    /// commands after this one apply to a new link.
+    fn forget(&mut self) {
+        let abandoned = self.outstanding.len();
+        self.outstanding.clear();
+        self.in_flight = FuturesUnordered::new();
+        self.shared.pending.fetch_sub(abandoned, Ordering::Relaxed);
+        for waiter in self.waiters.drain(..) {
+            let _ = waiter.send(Err(TransportError::Protocol(
+                "disconnected on request".into(),
+            )));
+        }
+        self.closed = None;
+        if let Some(conn) = self.conn.take() {
+            if let Some(earlier) = self.leaving.replace(conn) {
+                self.connector.close(earlier);
+            }
+        }
+        self.keep = false;
+        self.lost = false;
+        self.proven = false;
+        self.retry_at = None;
+        self.backoff = self.shared.policy.backoff_min;
     }
 
     fn connected(
@@ -397,9 +484,10 @@ impl<C: Connector> Device<C> {
             Ok(conn) => {
                 let counters = &self.shared.counters;
                 Counters::inc(&counters.handshakes);
-                if self.generation > 0 {
+                if self.lost {
                     Counters::inc(&counters.reconnects);
                 }
+                self.lost = false;
                 self.generation += 1;
                 let _ = self.shared.events.send(LinkEvent::Connected {
                     device: self.device,
@@ -437,7 +525,7 @@ impl<C: Connector> Device<C> {
             .filter(|o| o.sent_on != self.generation)
         {
             if o.sent_on != 0 {
-                Counters::inc(&self.shared.counters.resent);
+                Counters::inc(&self.shared.counters.resent_reconnect);
             }
             o.sent_on = self.generation;
             o.sent_at = Some(now);
@@ -515,6 +603,11 @@ impl<C: Connector> Device<C> {
         self.closed = None;
         if let Some(conn) = self.conn.take() {
             self.connector.close(conn);
+            self.lost = true;
+            let _ = self.shared.events.send(LinkEvent::Lost {
+                device: self.device,
+                at: std::time::Instant::now(),
+            });
             if !self.proven {
                 self.back_off();
             }
@@ -672,7 +765,7 @@ mod tests {
         assert_eq!(ids.len(), 15);
         assert_eq!(fleet.pending(), 0);
         let c = fleet.shared.counters.snapshot();
-        assert_eq!((c.handshakes, c.reconnects, c.resent), (3, 0, 0));
+        assert_eq!((c.handshakes, c.reconnects, c.resent_reconnect), (3, 0, 0));
         assert_eq!(fake.attempts.load(Ordering::Relaxed), 3);
         fleet.send(99, order(99, 0)); // no such device: ignored
         assert_eq!(fleet.pending(), 0);
@@ -693,7 +786,7 @@ mod tests {
         assert_eq!(fleet.shared.counters.snapshot().reconnects, 0);
         tokio::time::sleep(Duration::from_millis(200)).await;
         let c = fleet.shared.counters.snapshot();
-        assert_eq!((c.reconnects, c.resent), (1, 1), "{c:?}");
+        assert_eq!((c.reconnects, c.resent_reconnect), (1, 1), "{c:?}");
         assert_eq!(fleet.pending(), 1);
         fake.stall.store(false, Ordering::Relaxed);
         // The new connection has not answered yet, so it gets the connect timeout (10 s) rather than 1 s; the
@@ -702,7 +795,11 @@ mod tests {
         assert_eq!(fleet.shared.counters.snapshot().reconnects, 1);
         assert_eq!(stored_events(&mut rx, 1).await, vec![order(0, 1).id]);
         let c = fleet.shared.counters.snapshot();
-        assert_eq!((c.handshakes, c.reconnects, c.resent), (3, 2, 2), "{c:?}");
+        assert_eq!(
+            (c.handshakes, c.reconnects, c.resent_reconnect),
+            (3, 2, 2),
+            "{c:?}"
+        );
         assert_eq!(fleet.pending(), 0);
         fleet.close().await;
     }
@@ -734,8 +831,41 @@ mod tests {
         // No Stored event twice, even though the fake may have stored some orders twice.
         tokio::time::sleep(Duration::from_secs(5)).await;
         while let Ok(event) = rx.try_recv() {
-            assert!(matches!(event, LinkEvent::Connected { .. }), "{event:?}");
+            assert!(
+                matches!(event, LinkEvent::Connected { .. } | LinkEvent::Lost { .. }),
+                "{event:?}"
+            );
         }
+        fleet.close().await;
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_link_closed_on_request_stays_closed_until_asked_again() {
+        let fake = Arc::new(Fake::default());
+        let (fleet, mut rx) = fleet(&fake, 1);
+        fleet.connect(0).await.unwrap();
+        fleet.send(0, order(0, 0));
+        stored_events(&mut rx, 1).await;
+        // An order handed over and then abandoned by the disconnect is no longer pending.
+        fake.stall.store(true, Ordering::Relaxed);
+        fleet.send(0, order(0, 1));
+        fleet.disconnect(0).await.unwrap();
+        assert_eq!(fleet.pending(), 0);
+        fake.stall.store(false, Ordering::Relaxed);
+        // Nothing reconnects on its own: a closed link is not a lost one.
+        tokio::time::sleep(Duration::from_secs(5)).await;
+        assert_eq!(fake.attempts.load(Ordering::Relaxed), 1);
+        // Asked again, the device opens a new link with a new handshake, which is not a reconnect.
+        fleet.connect(0).await.unwrap();
+        fleet.send(0, order(0, 2));
+        assert_eq!(stored_events(&mut rx, 1).await, vec![order(0, 2).id]);
+        let c = fleet.shared.counters.snapshot();
+        assert_eq!(
+            (c.handshakes, c.reconnects, c.resent_reconnect),
+            (2, 0, 0),
+            "{c:?}"
+        );
+        assert!(fleet.disconnect(7).await.is_err());
         fleet.close().await;
     }
 

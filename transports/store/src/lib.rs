@@ -39,7 +39,6 @@
 //! [`read_log`] and [`audit`] read the log itself (not counters) after a run, so the runner can check that every
 //! order made was stored once and every acknowledged order is in the log.
 
-use crate::order::{Order, OrderId};
 use serde::{Deserialize, Serialize};
 use std::collections::HashSet;
 use std::fmt;
@@ -52,6 +51,9 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{mpsc, Arc};
 use std::time::{SystemTime, UNIX_EPOCH};
 use tokio::sync::oneshot;
+pub use transport_core::commit::Outcome;
+use transport_core::commit::{CommitError, OrderStore};
+use transport_core::{BoxFuture, Order, OrderId, MAX_PAYLOAD};
 
 /// The log's file name inside the store directory.
 pub const LOG_FILE: &str = "orders.log";
@@ -59,8 +61,6 @@ pub const LOG_FILE: &str = "orders.log";
 const HEADER_LEN: usize = 8;
 /// Bytes of the body before the payload.
 const BODY_FIXED_LEN: usize = 5 * 8 + 2;
-/// The largest payload a record holds (its length is a `u16`).
-pub const MAX_PAYLOAD: usize = u16::MAX as usize;
 const MAX_BODY_LEN: usize = BODY_FIXED_LEN + MAX_PAYLOAD;
 
 /// When the store calls `fdatasync`.
@@ -168,16 +168,6 @@ impl StoreError {
             source,
         }
     }
-}
-
-/// What a commit did with one order.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
-#[serde(rename_all = "kebab-case")]
-pub enum Outcome {
-    /// Written now and synced as the policy says.
-    Applied,
-    /// Its id was applied before (or earlier in the same group); nothing written.
-    AlreadyApplied,
 }
 
 /// What [`Store::open`] found in the log.
@@ -754,6 +744,22 @@ impl StoreHandle {
     /// The sync policy.
     pub fn policy(&self) -> SyncPolicy {
         self.policy
+    }
+}
+
+impl From<StoreError> for CommitError {
+    fn from(e: StoreError) -> Self {
+        match e {
+            StoreError::PayloadTooLarge { id, len } => CommitError::PayloadTooLarge { id, len },
+            other => CommitError::Failed(other.to_string()),
+        }
+    }
+}
+
+impl OrderStore for StoreHandle {
+    fn commit(&self, orders: Vec<Order>) -> BoxFuture<'static, Result<Vec<Outcome>, CommitError>> {
+        let handle = self.clone();
+        Box::pin(async move { Ok(StoreHandle::commit(&handle, orders).await?) })
     }
 }
 

@@ -40,6 +40,10 @@ pub struct ReadyLine {
     pub public_key: String,
     /// Its process id.
     pub pid: u32,
+    /// The process that does the serving when it is not this one (an external broker it started): the one whose
+    /// CPU and memory are sampled.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub serving_pid: Option<u32>,
 }
 
 /// The server's first line: `{"ready": {...}}`.
@@ -315,6 +319,12 @@ impl ServerProcess {
     /// The server's process id.
     pub fn pid(&self) -> u32 {
         self.pid
+    }
+
+    /// The process that does the serving: the server itself, or the external broker it started. Its CPU and
+    /// memory are what a workload samples.
+    pub fn serving_pid(&self) -> u32 {
+        self.ready.serving_pid.unwrap_or(self.pid)
     }
 
     /// What the server reported when it was ready.
