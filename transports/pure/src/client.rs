@@ -51,7 +51,10 @@ impl PureFleet {
         let mut per_shard: Vec<Vec<(u32, Sender)>> = (0..shards).map(|_| Vec::new()).collect();
         for (n, key) in device_keys.into_iter().enumerate() {
             let rng = StdRng::from_os_rng();
-            let sender = Sender::new(config.clone(), key, receiver_public, rng, counters.clone());
+            let sender = Sender::new(config.clone(), key, receiver_public, rng, counters.clone())
+                .map_err(|e| {
+                TransportError::Identity(format!("the receiver's public key: {e}"))
+            })?;
             per_shard[n % shards].push((n as u32, sender));
         }
         let bind: SocketAddr = if server.is_ipv4() {

@@ -18,7 +18,7 @@
 //! names the sender it holds. After SIGKILL the kernel still holds the written pages; a machine crash may lose recent
 //! slots, which costs recomputation, never correctness.
 
-use crate::crypto::{link_secret, NodeKey};
+use crate::crypto::{link_secret, LowOrderKey, NodeKey};
 use crate::receiver::LinkSecrets;
 use memmap2::MmapMut;
 use std::fs::{File, OpenOptions};
@@ -159,14 +159,19 @@ impl Memo {
 }
 
 impl LinkSecrets for Memo {
-    fn get(&mut self, index: usize, sender: &[u8; 32], node: &NodeKey) -> ([u8; 32], bool) {
+    fn get(
+        &mut self,
+        index: usize,
+        sender: &[u8; 32],
+        node: &NodeKey,
+    ) -> Result<([u8; 32], bool), LowOrderKey> {
         if let Some(secret) = self.lookup(index, sender) {
-            return (secret, false);
+            return Ok((secret, false));
         }
-        let secret = link_secret(node, sender, sender, node.public());
+        let secret = link_secret(node, sender, sender, node.public())?;
         // A memo that cannot be written only costs the X25519 again at the next start.
         let _ = self.store(index, sender, &secret);
-        (secret, true)
+        Ok((secret, true))
     }
 }
 
@@ -193,14 +198,14 @@ mod tests {
         let computed: Vec<_> = senders
             .iter()
             .enumerate()
-            .map(|(i, s)| memo.get(i, s.public(), &node))
+            .map(|(i, s)| memo.get(i, s.public(), &node).unwrap())
             .collect();
         assert!(computed.iter().all(|(_, agreed)| *agreed));
         drop(memo);
         let mut memo = Memo::open(&path, &node, 5).unwrap();
         for (i, s) in senders.iter().enumerate() {
             assert_eq!(
-                memo.get(i, s.public(), &node),
+                memo.get(i, s.public(), &node).unwrap(),
                 (computed[i].0, false),
                 "slot {i} remembered"
             );
@@ -214,7 +219,7 @@ mod tests {
         let (node, senders) = keys(4, 2);
         let mut memo = Memo::open(&path, &node, 4).unwrap();
         for (i, s) in senders.iter().enumerate() {
-            memo.get(i, s.public(), &node);
+            memo.get(i, s.public(), &node).unwrap();
         }
         drop(memo);
         // Flip one byte of slot 2's secret by hand.
@@ -225,7 +230,7 @@ mod tests {
         let agreed: Vec<bool> = senders
             .iter()
             .enumerate()
-            .map(|(i, s)| memo.get(i, s.public(), &node).1)
+            .map(|(i, s)| memo.get(i, s.public(), &node).unwrap().1)
             .collect();
         assert_eq!(agreed, vec![false, false, true, false]);
     }
@@ -237,7 +242,7 @@ mod tests {
         let (node, senders) = keys(3, 3);
         let mut memo = Memo::open(&path, &node, 3).unwrap();
         for (i, s) in senders.iter().enumerate() {
-            memo.get(i, s.public(), &node);
+            memo.get(i, s.public(), &node).unwrap();
         }
         drop(memo);
         let (other_node, _) = keys(0, 4);
@@ -249,7 +254,7 @@ mod tests {
                 .all(|(i, s)| memo.lookup(i, s.public()).is_none()),
             "nothing carried over"
         );
-        let (secret, agreed) = memo.get(0, senders[0].public(), &other_node);
+        let (secret, agreed) = memo.get(0, senders[0].public(), &other_node).unwrap();
         assert!(agreed);
         assert_eq!(
             secret,
@@ -259,6 +264,7 @@ mod tests {
                 senders[0].public(),
                 other_node.public()
             )
+            .unwrap()
         );
     }
 
@@ -268,11 +274,11 @@ mod tests {
         let path = path_for(&dir.path().join("node.key"));
         let (node, senders) = keys(2, 5);
         let mut memo = Memo::open(&path, &node, 2).unwrap();
-        let a = memo.get(0, senders[0].public(), &node).0;
-        let b = memo.get(1, senders[1].public(), &node).0;
+        let a = memo.get(0, senders[0].public(), &node).unwrap().0;
+        let b = memo.get(1, senders[1].public(), &node).unwrap().0;
         // Swapped positions: each slot now names the other sender, so both are recomputed, and right.
-        assert_eq!(memo.get(0, senders[1].public(), &node), (b, true));
-        assert_eq!(memo.get(1, senders[0].public(), &node), (a, true));
+        assert_eq!(memo.get(0, senders[1].public(), &node).unwrap(), (b, true));
+        assert_eq!(memo.get(1, senders[0].public(), &node).unwrap(), (a, true));
     }
 
     #[test]
@@ -281,7 +287,7 @@ mod tests {
         let path = path_for(&dir.path().join("node.key"));
         let (node, senders) = keys(3, 6);
         let mut memo = Memo::open(&path, &node, 1).unwrap();
-        memo.get(2, senders[2].public(), &node);
+        memo.get(2, senders[2].public(), &node).unwrap();
         drop(memo);
         let memo = Memo::open(&path, &node, 3).unwrap();
         assert!(memo.lookup(2, senders[2].public()).is_some());
