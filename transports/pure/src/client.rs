@@ -265,7 +265,7 @@ impl Shard {
             let now = Instant::now();
             let sender = &mut self.devices[i].1;
             while sender.poll_transmit(now, &mut out) {
-                crate::server::send(&self.socket, &out, self.server).await?;
+                send(&self.socket, &out, self.server).await?;
             }
             if let Some(t) = self.devices[i].1.poll_timeout() {
                 if self.scheduled[i].is_none_or(|s| t < s) {
@@ -277,6 +277,16 @@ impl Shard {
         self.dirty = dirty;
         self.dirty.clear();
         Ok(())
+    }
+}
+
+/// Send one datagram, waiting for buffer space if the socket is full. A receiver that is gone (ICMP port
+/// unreachable, reported on the next send) is not an error: the records are re-sent when it is back.
+async fn send(socket: &UdpSocket, data: &[u8], to: SocketAddr) -> std::io::Result<()> {
+    match socket.send_to(data, to).await {
+        Ok(_) => Ok(()),
+        Err(e) if e.kind() == std::io::ErrorKind::ConnectionRefused => Ok(()),
+        Err(e) => Err(e),
     }
 }
 
