@@ -420,7 +420,7 @@ fn keys_of_small_order_are_refused_by_the_table_and_by_the_zero_check() {
 }
 
 #[test]
-fn a_low_order_enc_is_refused_and_remembered() {
+fn an_enc_of_small_order_is_refused_before_any_x25519() {
     for kind in [Kind::HpkeSession, Kind::HpkePerRequest] {
         let mut rng = StdRng::seed_from_u64(28);
         let keys = Keys::new(1, &mut rng);
@@ -438,5 +438,40 @@ fn a_low_order_enc_is_refused_and_remembered() {
         let c = counters.snapshot();
         assert_eq!(c.refused_forged, 2 * low_order_points().len() as u64);
         assert_eq!(c.x25519, 0, "{kind:?}: refused before any X25519");
+    }
+}
+
+#[test]
+fn the_keys_a_receiver_keeps_are_bounded_and_an_evicted_wire_only_costs_recomputation() {
+    for kind in [Kind::Link, Kind::HpkeSession] {
+        let mut rng = StdRng::seed_from_u64(29);
+        let keys = Keys::new(1, &mut rng);
+        let counters = Arc::new(Counters::default());
+        let device_counters = Arc::new(Counters::default());
+        let mut r = keys.receiver(kind, 1, 16, &counters);
+        // One allowed device starting run after run (restarting, or making runs up): a wire each.
+        let first = sealed_by(
+            &mut keys.sender(kind, 0, 1, &device_counters),
+            order(0, 1, 0, 8),
+        );
+        r.handle(from(), &first);
+        assert_eq!(r.take_deliveries().0.len(), 1);
+        for run in 2..300 {
+            let mut device = keys.sender(kind, 0, run, &device_counters);
+            r.handle(from(), &sealed_by(&mut device, order(0, run, 0, 8)));
+            assert_eq!(r.take_deliveries().0.len(), 1, "{kind:?} run {run}");
+            assert!(r.cached_wires() <= 16, "{kind:?}: {}", r.cached_wires());
+        }
+        // The first run comes back after it was forgotten: it opens again, for one derivation.
+        let before = counters.snapshot();
+        r.handle(from(), &first);
+        assert_eq!(r.take_deliveries().0.len(), 1);
+        let c = counters.snapshot().since(&before);
+        assert_eq!(c.key_derivations, 1, "{kind:?}");
+        let setup = if kind == Kind::Link { 0 } else { 2 };
+        assert_eq!(
+            c.x25519, setup,
+            "{kind:?}: the link secret is kept per sender"
+        );
     }
 }
