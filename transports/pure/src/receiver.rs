@@ -3,8 +3,13 @@
 //! The driver feeds every datagram to [`Receiver::handle`], takes the opened orders with
 //! [`Receiver::take_deliveries`], commits them to the store, hands each [`Reply`] back with [`Receiver::answer`]
 //! once the commit returned (so "stored" is never said before the order is durable), and sends what
-//! [`Receiver::poll_transmit`] yields. The receiver keeps no timers; the only state it keeps is a cache of keys,
-//! which it can always derive again.
+//! [`Receiver::poll_transmit`] yields. The receiver keeps no timers; the only state it keeps is bounded caches of
+//! keys, which it can always derive again.
+//!
+//! Anyone can send it datagrams, so what it spends on one is bounded before it looks inside: a datagram over
+//! [`MAX_DATAGRAM`] is refused unread, every length is checked before use, HPKE setups per datagram are capped and
+//! stop at the first refused record, failed setups are remembered, and a cached HPKE session opens only records of
+//! the sender it was set up by. `docs/pure.md` ("What each hostile input does") lists every case.
 
 use crate::cache::Bounded;
 use crate::crypto::{
