@@ -144,7 +144,8 @@ async fn garbage_and_forged_records_are_refused_and_counted_while_the_run_goes_o
         node_public,
         rng,
         counters,
-    );
+    )
+    .unwrap();
     for seq in 0..5 {
         s.push(Instant::now(), order(0, 99, seq));
     }

@@ -73,6 +73,11 @@ counters! {
     refused_forged,
     /// Datagrams or frames refused: malformed.
     refused_malformed,
+    /// Datagrams refused whole, unread: larger than the transport's maximum.
+    refused_oversized,
+    /// Datagrams not sent because sending to their destination failed (a spoofed or unroutable source address);
+    /// dropped, the service goes on.
+    send_errors,
     /// Messages dropped by back-pressure (QoS 0 to a slow subscriber).
     dropped,
 }
@@ -99,7 +104,7 @@ impl CounterSnapshot {
 
     /// Refusals of every kind.
     pub fn refused(&self) -> u64 {
-        self.refused_unknown + self.refused_forged + self.refused_malformed
+        self.refused_unknown + self.refused_forged + self.refused_malformed + self.refused_oversized
     }
 }
 

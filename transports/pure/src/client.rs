@@ -51,7 +51,10 @@ impl PureFleet {
         let mut per_shard: Vec<Vec<(u32, Sender)>> = (0..shards).map(|_| Vec::new()).collect();
         for (n, key) in device_keys.into_iter().enumerate() {
             let rng = StdRng::from_os_rng();
-            let sender = Sender::new(config.clone(), key, receiver_public, rng, counters.clone());
+            let sender = Sender::new(config.clone(), key, receiver_public, rng, counters.clone())
+                .map_err(|e| {
+                TransportError::Identity(format!("the receiver's public key: {e}"))
+            })?;
             per_shard[n % shards].push((n as u32, sender));
         }
         let bind: SocketAddr = if server.is_ipv4() {
@@ -262,7 +265,7 @@ impl Shard {
             let now = Instant::now();
             let sender = &mut self.devices[i].1;
             while sender.poll_transmit(now, &mut out) {
-                crate::server::send(&self.socket, &out, self.server).await?;
+                send(&self.socket, &out, self.server).await?;
             }
             if let Some(t) = self.devices[i].1.poll_timeout() {
                 if self.scheduled[i].is_none_or(|s| t < s) {
@@ -274,6 +277,16 @@ impl Shard {
         self.dirty = dirty;
         self.dirty.clear();
         Ok(())
+    }
+}
+
+/// Send one datagram, waiting for buffer space if the socket is full. A receiver that is gone (ICMP port
+/// unreachable, reported on the next send) is not an error: the records are re-sent when it is back.
+async fn send(socket: &UdpSocket, data: &[u8], to: SocketAddr) -> std::io::Result<()> {
+    match socket.send_to(data, to).await {
+        Ok(_) => Ok(()),
+        Err(e) if e.kind() == std::io::ErrorKind::ConnectionRefused => Ok(()),
+        Err(e) => Err(e),
     }
 }
 

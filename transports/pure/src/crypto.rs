@@ -90,11 +90,57 @@ impl NodeKey {
         self.secret.to_bytes()
     }
 
-    /// X25519 with a peer's public key: one scalar multiplication.
-    pub fn agree(&self, peer: &[u8; 32]) -> [u8; 32] {
-        self.secret
-            .diffie_hellman(&PublicKey::from(*peer))
-            .to_bytes()
+    /// X25519 with a peer's public key: one scalar multiplication. An all-zero result (the peer's key is a point
+    /// of small order) is refused, as RFC 7748 section 6.1 allows and RFC 9180 section 7.1.4 requires.
+    pub fn agree(&self, peer: &[u8; 32]) -> Result<[u8; 32], LowOrderKey> {
+        let shared = self.secret.diffie_hellman(&PublicKey::from(*peer));
+        if shared.was_contributory() {
+            Ok(shared.to_bytes())
+        } else {
+            Err(LowOrderKey)
+        }
+    }
+}
+
+/// A public key that is a point of small order: X25519 with it gives zero whatever the secret, so it proves nothing.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]
+#[error("the key is a point of small order (RFC 7748 section 6.1): no X25519 key pair has it")]
+pub struct LowOrderKey;
+
+/// The encodings of the points of small order on Curve25519 and its twist with the top bit cleared (X25519 ignores
+/// it): 0, 1, the two points of order 8, p - 1, and p and p + 1 (non-canonical 0 and 1). The list libsodium refuses.
+const LOW_ORDER: [[u8; 32]; 7] = {
+    let order8a = [
+        0xe0, 0xeb, 0x7a, 0x7c, 0x3b, 0x41, 0xb8, 0xae, 0x16, 0x56, 0xe3, 0xfa, 0xf1, 0x9f, 0xc4,
+        0x6a, 0xda, 0x09, 0x8d, 0xeb, 0x9c, 0x32, 0xb1, 0xfd, 0x86, 0x62, 0x05, 0x16, 0x5f, 0x49,
+        0xb8, 0x00,
+    ];
+    let order8b = [
+        0x5f, 0x9c, 0x95, 0xbc, 0xa3, 0x50, 0x8c, 0x24, 0xb1, 0xd0, 0xb1, 0x55, 0x9c, 0x83, 0xef,
+        0x5b, 0x04, 0x44, 0x5c, 0xc4, 0x58, 0x1c, 0x8e, 0x86, 0xd8, 0x22, 0x4e, 0xdd, 0xd0, 0x9f,
+        0x11, 0x57,
+    ];
+    let zero = [0u8; 32];
+    let mut one = [0u8; 32];
+    one[0] = 1;
+    let mut p_minus_1 = [0xff; 32];
+    p_minus_1[0] = 0xec;
+    p_minus_1[31] = 0x7f;
+    let mut p = p_minus_1;
+    p[0] = 0xed;
+    let mut p_plus_1 = p_minus_1;
+    p_plus_1[0] = 0xee;
+    [zero, one, order8a, order8b, p_minus_1, p, p_plus_1]
+};
+
+/// Refuse a public key of small order, before any X25519 is spent on it (a table lookup).
+pub fn check_public(key: &[u8; 32]) -> Result<(), LowOrderKey> {
+    let mut k = *key;
+    k[31] &= 0x7f;
+    if LOW_ORDER.contains(&k) {
+        Err(LowOrderKey)
+    } else {
+        Ok(())
     }
 }
 
@@ -107,6 +153,9 @@ pub enum OpenError {
     /// The tag did not verify: forged, tampered, or sealed with another key.
     #[error("the seal does not open")]
     Tag,
+    /// The body is shorter than a made time and a tag (the parser refuses those; this is the check at use).
+    #[error("sealed body too short")]
+    Short,
 }
 
 /// The keys of one wire.
@@ -244,15 +293,20 @@ impl WireKeys {
         aad: &[u8],
         body: &[u8],
     ) -> Result<(u64, Vec<u8>), OpenError> {
-        let (ct, tag) = body.split_at(body.len() - TAG_LEN);
+        let Some((ct, tag)) = body.split_last_chunk::<TAG_LEN>() else {
+            return Err(OpenError::Short);
+        };
+        if ct.len() < MADE_LEN {
+            return Err(OpenError::Short);
+        }
         let mut plain = ct.to_vec();
         self.record
             .open_in_place_separate_tag(nonce(seq), Aad::from(aad), tag, &mut plain)
             .map_err(|_| OpenError::Tag)?;
-        let made_us =
-            u64::from_be_bytes(plain[..MADE_LEN].try_into().expect("checked by the parser"));
+        let mut made = [0u8; MADE_LEN];
+        made.copy_from_slice(&plain[..MADE_LEN]);
         plain.drain(..MADE_LEN);
-        Ok((made_us, plain))
+        Ok((u64::from_be_bytes(made), plain))
     }
 
     /// The answer key for a receiver run: one HKDF-Expand.
@@ -302,18 +356,19 @@ impl AnswerKey {
 
 /// The link secret of a (sender, receiver) pair from the two static keys: one X25519 and one HKDF.
 /// Either side computes the same value: the sender with the receiver's public key, the receiver with the sender's.
+/// A peer key of small order (an all-zero X25519 result) is refused.
 pub fn link_secret(
     own: &NodeKey,
     peer: &[u8; 32],
     sender_public: &[u8; 32],
     receiver_public: &[u8; 32],
-) -> [u8; 32] {
-    let shared = own.agree(peer);
+) -> Result<[u8; 32], LowOrderKey> {
+    let shared = own.agree(peer)?;
     let hk = Hkdf::<Sha256>::new(Some(b"pure/1 link"), &shared);
     let mut out = [0u8; 32];
     hk.expand_multi_info(&[sender_public, receiver_public], &mut out)
         .expect("32 bytes is a valid length");
-    out
+    Ok(out)
 }
 
 #[cfg(test)]
@@ -360,8 +415,11 @@ mod tests {
     fn link_secret_is_symmetric_and_keys_depend_on_runs() {
         let mut rng = StdRng::seed_from_u64(2);
         let (s, r) = (NodeKey::generate(&mut rng), NodeKey::generate(&mut rng));
-        let ls = link_secret(&s, r.public(), s.public(), r.public());
-        assert_eq!(ls, link_secret(&r, s.public(), s.public(), r.public()));
+        let ls = link_secret(&s, r.public(), s.public(), r.public()).unwrap();
+        assert_eq!(
+            ls,
+            link_secret(&r, s.public(), s.public(), r.public()).unwrap()
+        );
         let mut sealed = b"h".to_vec();
         WireKeys::link(&ls, 1, 2).seal_record(0, 0..1, 1, b"x", &mut sealed);
         let out = sealed.split_off(1);

@@ -7,13 +7,15 @@
 //! - [`crypto`]: node keys, the key schedule of every variant, seal and open.
 //! - [`senders`]: the allow-list of senders a receiver takes records from.
 //! - [`memo`]: link secrets remembered across restarts in a mapped file beside the node key.
-//! - [`receiver`] and [`sender`]: the sans-IO protocol cores, driven with an explicit `now`.
+//! - [`receiver`] and [`sender`]: the sans-IO protocol cores, driven with an explicit `now`; [`cache`] bounds what
+//!   the receiver keeps.
 //! - [`server`] and [`client`]: thin UDP drivers around the cores (tokio).
 //!
 //! The variants (`pure`, `pure:no-memo`, `pure:hpke-session`, `pure:hpke-per-request`, `pure:plain`) share the
 //! framing, the drivers and the store; they differ only in how a record is sealed. `docs/pure.md` is the
 //! specification.
 
+pub mod cache;
 pub mod client;
 pub mod crypto;
 pub mod memo;

@@ -3,22 +3,42 @@
 //! The driver feeds every datagram to [`Receiver::handle`], takes the opened orders with
 //! [`Receiver::take_deliveries`], commits them to the store, hands each [`Reply`] back with [`Receiver::answer`]
 //! once the commit returned (so "stored" is never said before the order is durable), and sends what
-//! [`Receiver::poll_transmit`] yields. The receiver keeps no timers; the only state it keeps is a cache of keys,
-//! which it can always derive again.
+//! [`Receiver::poll_transmit`] yields. The receiver keeps no timers; the only state it keeps is bounded caches of
+//! keys, which it can always derive again.
+//!
+//! Anyone can send it datagrams, so what it spends on one is bounded before it looks inside: a datagram over
+//! [`MAX_DATAGRAM`] is refused unread, every length is checked before use, HPKE setups per datagram are capped and
+//! stop at the first refused record, failed setups are remembered, and a cached HPKE session opens only records of
+//! the sender it was set up by. `docs/pure.md` ("What each hostile input does") lists every case.
 
-use crate::crypto::{link_secret, AnswerKey, NodeKey, OpenError, WireKeys};
+use crate::cache::Bounded;
+use crate::crypto::{
+    check_public, link_secret, AnswerKey, LowOrderKey, NodeKey, OpenError, WireKeys,
+};
 use crate::senders::AllowList;
-use crate::wire::{self, Frame, Kind, Record, ENC_LEN, MAX_DATAGRAM, TAG_LEN};
+use crate::wire::{self, Frame, Kind, Record, ENC_LEN, MADE_LEN, MAX_DATAGRAM, TAG_LEN};
 use std::collections::{HashMap, VecDeque};
 use std::net::SocketAddr;
 use std::sync::Arc;
 use transport_core::{Counters, Order, OrderId};
 
+/// HPKE setups (two X25519 each) one datagram may cost at most. A full datagram of per-request records with empty
+/// payloads carries 14; the first record of a datagram that is refused also ends its setups.
+pub const MAX_SETUPS_PER_DATAGRAM: usize = 16;
+
+/// HPKE setups whose record did not open, remembered so that the same forgery again costs no X25519.
+pub const FAILED_SETUPS_REMEMBERED: usize = 4096;
+
 /// Where link secrets come from: computed (one X25519 each) or remembered across restarts (the memo).
 pub trait LinkSecrets: Send {
     /// The link secret of allowed sender `index` (public key `sender`), computing it if needed.
-    /// Returns the secret and whether an X25519 was done for it.
-    fn get(&mut self, index: usize, sender: &[u8; 32], node: &NodeKey) -> ([u8; 32], bool);
+    /// Returns the secret and whether an X25519 was done for it; a sender key of small order is refused.
+    fn get(
+        &mut self,
+        index: usize,
+        sender: &[u8; 32],
+        node: &NodeKey,
+    ) -> Result<([u8; 32], bool), LowOrderKey>;
 }
 
 /// Link secrets kept in memory only: each sender costs one X25519 per receiver start.
@@ -28,13 +48,18 @@ pub struct InMemorySecrets {
 }
 
 impl LinkSecrets for InMemorySecrets {
-    fn get(&mut self, index: usize, sender: &[u8; 32], node: &NodeKey) -> ([u8; 32], bool) {
+    fn get(
+        &mut self,
+        index: usize,
+        sender: &[u8; 32],
+        node: &NodeKey,
+    ) -> Result<([u8; 32], bool), LowOrderKey> {
         if let Some(s) = self.secrets.get(&index) {
-            return (*s, false);
+            return Ok((*s, false));
         }
-        let s = link_secret(node, sender, sender, node.public());
+        let s = link_secret(node, sender, sender, node.public())?;
         self.secrets.insert(index, s);
-        (s, true)
+        Ok((s, true))
     }
 }
 
@@ -48,7 +73,8 @@ pub struct ReceiverConfig {
     pub senders: AllowList,
     /// This start's run: a new random number at every start.
     pub run: u64,
-    /// How many HPKE sessions to keep opened (oldest replaced first).
+    /// How many wires' keys to keep: opened HPKE sessions, and link keys per (sender, sender run, receiver run),
+    /// each least recently used forgotten first (they are derived again if needed).
     pub session_capacity: usize,
     /// Where link secrets come from (`Link` kind).
     pub secrets: Box<dyn LinkSecrets>,
@@ -63,13 +89,15 @@ pub struct Reply {
 }
 
 impl Reply {
-    /// The order id this reply answers (for logs and tests).
+    /// Where the answer goes: the source address of the record's datagram.
     pub fn to(&self) -> SocketAddr {
         self.to
     }
 }
 
+/// An HPKE session, bound to the allowed sender whose record first opened under it.
 struct Session {
+    sender: usize,
     keys: WireKeys,
     answer: AnswerKey,
 }
@@ -79,6 +107,32 @@ struct LinkWire {
     answer: AnswerKey,
 }
 
+/// Why a record was refused (each counted under its kind).
+enum Refused {
+    Malformed,
+    Unknown,
+    Forged,
+}
+
+impl From<OpenError> for Refused {
+    fn from(e: OpenError) -> Refused {
+        match e {
+            OpenError::Short => Refused::Malformed,
+            OpenError::Setup | OpenError::Tag => Refused::Forged,
+        }
+    }
+}
+
+/// What opened: the made time, the payload, and the key that tags the answer (none for plain).
+type Opened = (u64, Vec<u8>, Option<AnswerKey>);
+
+/// What one datagram may still spend on HPKE setups.
+struct SetupBudget {
+    left: usize,
+    /// A record of this datagram was refused: an honest device never sends one, so no more setups for it.
+    refused: bool,
+}
+
 /// The receiver's state.
 pub struct Receiver {
     kind: Kind,
@@ -86,11 +140,12 @@ pub struct Receiver {
     senders: AllowList,
     run: u64,
     counters: Arc<Counters>,
-    session_capacity: usize,
-    sessions: HashMap<[u8; ENC_LEN], Session>,
-    session_order: VecDeque<[u8; ENC_LEN]>,
+    sessions: Bounded<[u8; ENC_LEN], Session>,
+    /// Setups from (sender, enc) whose record did not open: their keys (`None` if the setup itself failed). Keys,
+    /// not a bare verdict, because a forger can copy an honest device's enc: that device's record must still open.
+    failed_setups: Bounded<(usize, [u8; ENC_LEN]), Option<WireKeys>>,
     secrets: Box<dyn LinkSecrets>,
-    links: HashMap<(usize, u64, u64), LinkWire>,
+    links: Bounded<(usize, u64, u64), LinkWire>,
     orders: Vec<Order>,
     replies: Vec<Reply>,
     outgoing: HashMap<SocketAddr, Vec<u8>>,
@@ -100,17 +155,17 @@ pub struct Receiver {
 impl Receiver {
     /// A receiver for one start (run).
     pub fn new(config: ReceiverConfig, counters: Arc<Counters>) -> Receiver {
+        let capacity = config.session_capacity.max(2);
         Receiver {
             kind: config.kind,
             key: config.key,
             senders: config.senders,
             run: config.run,
             counters,
-            session_capacity: config.session_capacity.max(1),
-            sessions: HashMap::new(),
-            session_order: VecDeque::new(),
+            sessions: Bounded::new(capacity),
+            failed_setups: Bounded::new(FAILED_SETUPS_REMEMBERED),
             secrets: config.secrets,
-            links: HashMap::new(),
+            links: Bounded::new(capacity),
             orders: Vec::new(),
             replies: Vec::new(),
             outgoing: HashMap::new(),
@@ -123,15 +178,46 @@ impl Receiver {
         self.run
     }
 
+    /// The counters this receiver counts into (the driver adds what only it sees, such as failed sends).
+    pub fn counters(&self) -> &Arc<Counters> {
+        &self.counters
+    }
+
+    /// Wires whose keys are kept (HPKE sessions or link keys), for tests and memory accounting.
+    pub fn cached_wires(&self) -> usize {
+        self.sessions.len() + self.links.len()
+    }
+
     /// Take in one datagram. Records that open become deliveries; everything else is refused and counted.
     pub fn handle(&mut self, from: SocketAddr, datagram: &[u8]) {
+        if datagram.len() > MAX_DATAGRAM {
+            // No sender builds one; refused before any of it is read, so its size buys nothing.
+            Counters::inc(&self.counters.refused_oversized);
+            return;
+        }
+        if datagram.is_empty() {
+            Counters::inc(&self.counters.refused_malformed);
+            return;
+        }
+        let mut budget = SetupBudget {
+            left: MAX_SETUPS_PER_DATAGRAM,
+            refused: false,
+        };
         for frame in wire::frames(datagram) {
             match frame {
                 Ok(Frame::Record(r)) => {
                     Counters::inc(&self.counters.received);
-                    self.record(from, &r);
+                    if let Err(e) = self.record(from, &r, &mut budget) {
+                        budget.refused = true;
+                        Counters::inc(match e {
+                            Refused::Malformed => &self.counters.refused_malformed,
+                            Refused::Unknown => &self.counters.refused_unknown,
+                            Refused::Forged => &self.counters.refused_forged,
+                        });
+                    }
                 }
                 Ok(Frame::Answer(_)) | Err(_) => {
+                    budget.refused = true;
                     Counters::inc(&self.counters.refused_malformed);
                     // A malformed frame leaves the rest of the datagram unaligned: `frames` stops there.
                 }
@@ -139,35 +225,28 @@ impl Receiver {
         }
     }
 
-    fn record(&mut self, from: SocketAddr, r: &Record<'_>) {
+    fn record(
+        &mut self,
+        from: SocketAddr,
+        r: &Record<'_>,
+        budget: &mut SetupBudget,
+    ) -> Result<(), Refused> {
         if r.kind != self.kind {
-            Counters::inc(&self.counters.refused_malformed);
-            return;
+            return Err(Refused::Malformed);
         }
-        let Some((index, sender)) = self.senders.find(&r.key_id) else {
-            Counters::inc(&self.counters.refused_unknown);
-            return;
-        };
+        let (index, sender) = self.senders.find(&r.key_id).ok_or(Refused::Unknown)?;
         let (sender_id, sender_public) = (sender.sender_id, sender.public);
-        let opened = match r.kind {
+        let (made_us, payload, answer_key) = match r.kind {
             Kind::Plain => {
-                let (made, payload) = r.body.split_at(wire::MADE_LEN);
-                Ok((
-                    u64::from_be_bytes(made.try_into().expect("8 bytes")),
-                    payload.to_vec(),
-                    None,
-                ))
+                let (made, payload) = r
+                    .body
+                    .split_first_chunk::<MADE_LEN>()
+                    .ok_or(Refused::Malformed)?;
+                (u64::from_be_bytes(*made), payload.to_vec(), None)
             }
-            Kind::HpkeSession => self.open_session(r, &sender_public),
-            Kind::HpkePerRequest => self.open_per_request(r, &sender_public),
-            Kind::Link => self.open_link(index, r, &sender_public),
-        };
-        let (made_us, payload, answer_key) = match opened {
-            Ok(x) => x,
-            Err(_) => {
-                Counters::inc(&self.counters.refused_forged);
-                return;
-            }
+            Kind::HpkeSession => self.open_session(index, &sender_public, r, budget)?,
+            Kind::HpkePerRequest => self.open_per_request(index, &sender_public, r, budget)?,
+            Kind::Link => self.open_link(index, &sender_public, r)?,
         };
         let mut frame = [0u8; wire::ANSWER_HEADER_LEN + TAG_LEN];
         let mut buf = Vec::with_capacity(frame.len());
@@ -191,88 +270,129 @@ impl Receiver {
             len: buf.len() as u8,
             frame,
         });
+        Ok(())
+    }
+
+    /// The keys of an HPKE auth-mode setup from allowed sender `index` with `enc`: remembered from an earlier
+    /// record that did not open, or set up now (two X25519) if the datagram may still spend one.
+    fn setup(
+        &mut self,
+        index: usize,
+        sender: &[u8; 32],
+        enc: &[u8; ENC_LEN],
+        budget: &mut SetupBudget,
+    ) -> Result<WireKeys, Refused> {
+        if let Some(known) = self.failed_setups.get(&(index, *enc)) {
+            return known.clone().ok_or(Refused::Forged);
+        }
+        // A point of small order makes the setup's DH zero (RFC 9180 7.1.4): refused before the X25519.
+        if check_public(enc).is_err() || budget.refused || budget.left == 0 {
+            return Err(Refused::Forged);
+        }
+        budget.left -= 1;
+        // Auth-mode decapsulation: two X25519 (with the ephemeral key, and with the sender's static key).
+        Counters::add(&self.counters.x25519, 2);
+        Counters::inc(&self.counters.key_derivations);
+        match WireKeys::hpke_receiver(&self.key, sender, enc) {
+            Ok(keys) => Ok(keys),
+            Err(e) => {
+                self.failed_setups.insert((index, *enc), None);
+                Err(e.into())
+            }
+        }
     }
 
     fn open_session(
         &mut self,
-        r: &Record<'_>,
+        index: usize,
         sender: &[u8; 32],
-    ) -> Result<(u64, Vec<u8>, Option<AnswerKey>), OpenError> {
-        let enc = *r.enc().expect("HPKE kinds carry enc");
-        if !self.sessions.contains_key(&enc) {
-            // Auth-mode decapsulation: two X25519 (with the ephemeral key, and with the sender's static key).
-            Counters::add(&self.counters.x25519, 2);
-            Counters::inc(&self.counters.key_derivations);
-            let keys = WireKeys::hpke_receiver(&self.key, sender, &enc)?;
-            let (made, payload) = keys.open_record(r.seq, r.header, r.body)?;
-            let answer = keys.answer_key(self.run);
-            if self.sessions.len() >= self.session_capacity {
-                if let Some(old) = self.session_order.pop_front() {
-                    self.sessions.remove(&old);
-                }
+        r: &Record<'_>,
+        budget: &mut SetupBudget,
+    ) -> Result<Opened, Refused> {
+        let enc = r.enc().ok_or(Refused::Malformed)?;
+        if let Some(s) = self.sessions.get(enc) {
+            // Whoever holds a session's keys can seal any header under them: a record naming another sender than
+            // the one whose record opened the session is that holder's forgery (or a copy of it).
+            if s.sender != index {
+                return Err(Refused::Forged);
             }
-            self.sessions.insert(
-                enc,
-                Session {
-                    keys,
-                    answer: answer.clone(),
-                },
-            );
-            self.session_order.push_back(enc);
-            return Ok((made, payload, Some(answer)));
+            let (made, payload) = s.keys.open_record(r.seq, r.header, r.body)?;
+            return Ok((made, payload, Some(s.answer.clone())));
         }
-        let s = &self.sessions[&enc];
-        // The session was opened for the sender named when it was first seen; the key id in the header is part of
-        // the associated data, so a record naming another sender under this enc does not open.
-        let (made, payload) = s.keys.open_record(r.seq, r.header, r.body)?;
-        Ok((made, payload, Some(s.answer.clone())))
+        let keys = self.setup(index, sender, enc, budget)?;
+        match keys.open_record(r.seq, r.header, r.body) {
+            Ok((made, payload)) => {
+                let answer = keys.answer_key(self.run);
+                self.failed_setups.remove(&(index, *enc));
+                self.sessions.insert(
+                    *enc,
+                    Session {
+                        sender: index,
+                        keys,
+                        answer: answer.clone(),
+                    },
+                );
+                Ok((made, payload, Some(answer)))
+            }
+            Err(e) => {
+                self.failed_setups.insert((index, *enc), Some(keys));
+                Err(e.into())
+            }
+        }
     }
 
     fn open_per_request(
         &mut self,
-        r: &Record<'_>,
+        index: usize,
         sender: &[u8; 32],
-    ) -> Result<(u64, Vec<u8>, Option<AnswerKey>), OpenError> {
-        Counters::add(&self.counters.x25519, 2);
-        Counters::inc(&self.counters.key_derivations);
-        let keys =
-            WireKeys::hpke_receiver(&self.key, sender, r.enc().expect("HPKE kinds carry enc"))?;
-        let (made, payload) = keys.open_record(r.seq, r.header, r.body)?;
-        Ok((made, payload, Some(keys.answer_key(self.run))))
+        r: &Record<'_>,
+        budget: &mut SetupBudget,
+    ) -> Result<Opened, Refused> {
+        let enc = r.enc().ok_or(Refused::Malformed)?;
+        // Setups that opened are not kept: one per record is what this variant measures.
+        let keys = self.setup(index, sender, enc, budget)?;
+        match keys.open_record(r.seq, r.header, r.body) {
+            Ok((made, payload)) => Ok((made, payload, Some(keys.answer_key(self.run)))),
+            Err(e) => {
+                self.failed_setups.insert((index, *enc), Some(keys));
+                Err(e.into())
+            }
+        }
     }
 
     fn open_link(
         &mut self,
         index: usize,
-        r: &Record<'_>,
         sender: &[u8; 32],
-    ) -> Result<(u64, Vec<u8>, Option<AnswerKey>), OpenError> {
-        let receiver_run = r
-            .receiver_run()
-            .expect("link records carry the receiver run");
+        r: &Record<'_>,
+    ) -> Result<Opened, Refused> {
+        let receiver_run = r.receiver_run().ok_or(Refused::Malformed)?;
         let wire_id = (index, r.run, receiver_run);
-        if !self.links.contains_key(&wire_id) {
-            let (secret, agreed) = self.secrets.get(index, sender, &self.key);
-            if agreed {
-                Counters::inc(&self.counters.x25519);
-            }
-            // An unknown (sender run, receiver run): the record key and the answer key, two HKDFs.
-            Counters::inc(&self.counters.key_derivations);
-            let keys = WireKeys::link(&secret, r.run, receiver_run);
-            let opened = keys.open_record(r.seq, r.header, r.body)?;
-            let answer = keys.answer_key(self.run);
-            self.links.insert(
-                wire_id,
-                LinkWire {
-                    keys,
-                    answer: answer.clone(),
-                },
-            );
-            return Ok((opened.0, opened.1, Some(answer)));
+        if let Some(w) = self.links.get(&wire_id) {
+            let (made, payload) = w.keys.open_record(r.seq, r.header, r.body)?;
+            return Ok((made, payload, Some(w.answer.clone())));
         }
-        let w = &self.links[&wire_id];
-        let (made, payload) = w.keys.open_record(r.seq, r.header, r.body)?;
-        Ok((made, payload, Some(w.answer.clone())))
+        let (secret, agreed) = self
+            .secrets
+            .get(index, sender, &self.key)
+            .map_err(|_| Refused::Forged)?;
+        if agreed {
+            Counters::inc(&self.counters.x25519);
+        }
+        // An unknown (sender run, receiver run): the record key and the answer key, two HKDFs. Kept only once a
+        // record opens under them, so forged runs cost hashes, never memory.
+        Counters::inc(&self.counters.key_derivations);
+        let keys = WireKeys::link(&secret, r.run, receiver_run);
+        let (made, payload) = keys.open_record(r.seq, r.header, r.body)?;
+        let answer = keys.answer_key(self.run);
+        self.links.insert(
+            wire_id,
+            LinkWire {
+                keys,
+                answer: answer.clone(),
+            },
+        );
+        Ok((made, payload, Some(answer)))
     }
 
     /// The orders opened since the last call, and their replies (same order, same length).

@@ -8,7 +8,7 @@
 //! queues records for longer than 200 ms (a slow variant under a drain) does not get every queued record twice. Every input takes `now`; the driver (or a test with a
 //! virtual clock) asks [`Sender::poll_timeout`] when to call [`Sender::handle_timeout`].
 
-use crate::crypto::{link_secret, AnswerKey, NodeKey, WireKeys};
+use crate::crypto::{check_public, link_secret, AnswerKey, LowOrderKey, NodeKey, WireKeys};
 use crate::wire::{self, Frame, Kind, ENC_LEN, MAX_DATAGRAM};
 use rand::rngs::StdRng;
 use std::collections::{BTreeMap, VecDeque};
@@ -101,18 +101,20 @@ pub struct Sender {
 }
 
 impl Sender {
-    /// A device with key `key` sending to the receiver whose public key is `receiver`.
+    /// A device with key `key` sending to the receiver whose public key is `receiver`; a receiver key of small
+    /// order is refused (nothing sealed for it would be secret).
     pub fn new(
         config: SenderConfig,
         key: NodeKey,
         receiver: [u8; 32],
         rng: StdRng,
         counters: Arc<Counters>,
-    ) -> Sender {
+    ) -> Result<Sender, LowOrderKey> {
+        check_public(&receiver)?;
         let key_id = key.key_id();
         let rto = config.initial_rto;
         let window = config.window;
-        Sender {
+        Ok(Sender {
             config,
             key,
             key_id,
@@ -130,7 +132,7 @@ impl Sender {
             cwnd: window as f64,
             ready: VecDeque::new(),
             events: VecDeque::new(),
-        }
+        })
     }
 
     /// This device's key id (how answers are routed to it).
@@ -391,7 +393,8 @@ impl Sender {
                             &self.receiver,
                             self.key.public(),
                             &self.receiver,
-                        );
+                        )
+                        .expect("the receiver's key was checked in Sender::new");
                         self.link_secret = Some(s);
                         s
                     }

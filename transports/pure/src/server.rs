@@ -3,32 +3,37 @@
 //! Each turn reads every datagram that is waiting (up to a bound), commits all the orders they carried as one
 //! group, then sends the answers. While a group commits, new datagrams wait in the socket's buffer and form the
 //! next group: group commit falls out of the loop without a timer.
+//!
+//! Nothing a peer sends can end the loop: answers go to a datagram's source address, which anyone can forge (port 0,
+//! a broadcast or unroutable address), so a send that fails is counted (`send_errors`) and dropped, and errors a
+//! peer's address causes on receive (ICMP reports) are skipped. Only the socket itself failing, or the store, ends it.
 
 use crate::receiver::Receiver;
+use crate::wire::MAX_DATAGRAM;
 use std::io;
 use tokio::net::UdpSocket;
 use transport_core::commit::SharedStore;
-use transport_core::TransportError;
+use transport_core::{Counters, TransportError};
 
 /// Datagrams read per turn at most, so answers keep flowing under a flood.
 const MAX_DATAGRAMS_PER_TURN: usize = 256;
 
-/// Run the receiver until an I/O or store error.
+/// Run the receiver until the socket or the store fails.
 pub async fn run(
     socket: UdpSocket,
     mut receiver: Receiver,
     store: SharedStore,
 ) -> Result<(), TransportError> {
-    let mut buf = vec![0u8; 65_536];
-    let mut out = Vec::with_capacity(crate::wire::MAX_DATAGRAM);
+    // One byte over the largest datagram: a longer one arrives cut to this length and is refused whole.
+    let mut buf = vec![0u8; MAX_DATAGRAM + 1];
+    let mut out = Vec::with_capacity(MAX_DATAGRAM);
     loop {
         socket.readable().await?;
         for _ in 0..MAX_DATAGRAMS_PER_TURN {
             match socket.try_recv_from(&mut buf) {
                 Ok((n, from)) => receiver.handle(from, &buf[..n]),
                 Err(e) if e.kind() == io::ErrorKind::WouldBlock => break,
-                // ICMP errors from a sender that went away surface as ECONNREFUSED on some kernels: not ours.
-                Err(e) if e.kind() == io::ErrorKind::ConnectionRefused => continue,
+                Err(e) if caused_by_a_peer(&e) => continue,
                 Err(e) => return Err(e.into()),
             }
         }
@@ -41,20 +46,22 @@ pub async fn run(
             }
         }
         while let Some(to) = receiver.poll_transmit(&mut out) {
-            send(&socket, &out, to).await?;
+            // The destination is whatever source the datagram claimed: its failure is that answer's alone.
+            if socket.send_to(&out, to).await.is_err() {
+                Counters::inc(&receiver.counters().send_errors);
+            }
         }
     }
 }
 
-/// Send one datagram, waiting for buffer space if the socket is full. A peer that is gone is not an error.
-pub(crate) async fn send(
-    socket: &UdpSocket,
-    data: &[u8],
-    to: std::net::SocketAddr,
-) -> io::Result<()> {
-    match socket.send_to(data, to).await {
-        Ok(_) => Ok(()),
-        Err(e) if e.kind() == io::ErrorKind::ConnectionRefused => Ok(()),
-        Err(e) => Err(e),
-    }
+/// Errors a receive reports about an earlier send to some peer (ICMP unreachable, on kernels that report them on
+/// unconnected sockets), not about this socket.
+fn caused_by_a_peer(e: &io::Error) -> bool {
+    matches!(
+        e.kind(),
+        io::ErrorKind::ConnectionRefused
+            | io::ErrorKind::ConnectionReset
+            | io::ErrorKind::HostUnreachable
+            | io::ErrorKind::NetworkUnreachable
+    )
 }

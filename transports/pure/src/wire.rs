@@ -93,6 +93,11 @@ impl Kind {
         self != Kind::Plain
     }
 
+    /// The shortest body a record of this kind can have: the time the order was made, and the tag if sealed.
+    pub fn min_body_len(self) -> usize {
+        MADE_LEN + if self.sealed() { TAG_LEN } else { 0 }
+    }
+
     /// Length of a record's header (the associated data).
     pub fn record_header_len(self) -> usize {
         COMMON_LEN + self.variant_len() + 2
@@ -115,7 +120,7 @@ pub enum WireError {
     Kind(u8),
     /// A frame of the wrong direction (an answer sent to a receiver, a record sent to a sender).
     Direction,
-    /// A sealed body shorter than a tag.
+    /// A body shorter than its fixed fields (the made time, and the tag if sealed).
     ShortBody,
 }
 
@@ -126,7 +131,7 @@ impl fmt::Display for WireError {
             WireError::Version(v) => write!(f, "unknown version {v}"),
             WireError::Kind(k) => write!(f, "unknown kind {k:#x}"),
             WireError::Direction => f.write_str("frame of the wrong direction"),
-            WireError::ShortBody => f.write_str("sealed body shorter than a tag"),
+            WireError::ShortBody => f.write_str("body shorter than its fixed fields"),
         }
     }
 }
@@ -162,7 +167,9 @@ impl Record<'_> {
 
     /// The receiver run the sender sealed for (`Link` only).
     pub fn receiver_run(&self) -> Option<u64> {
-        (self.kind == Kind::Link).then(|| be_u64(self.variant))
+        (self.kind == Kind::Link)
+            .then(|| self.variant.try_into().ok().map(u64::from_be_bytes))
+            .flatten()
     }
 }
 
@@ -194,8 +201,11 @@ pub enum Frame<'a> {
     Answer(Answer<'a>),
 }
 
-fn be_u64(b: &[u8]) -> u64 {
-    u64::from_be_bytes(b[..8].try_into().expect("8 bytes"))
+/// The big-endian u64 at `at` of a buffer whose length the caller has checked.
+fn be_u64(b: &[u8], at: usize) -> u64 {
+    let mut x = [0u8; 8];
+    x.copy_from_slice(&b[at..at + 8]);
+    u64::from_be_bytes(x)
 }
 
 /// Walks the frames of a datagram. Stops at the first malformed frame (the rest of the datagram cannot be trusted
@@ -242,8 +252,8 @@ pub fn parse_frame(buf: &[u8]) -> Result<(Frame<'_>, usize), WireError> {
     let answer = kind_byte & 0x80 != 0;
     let kind = Kind::from_u8(kind_byte & 0x7f).ok_or(WireError::Kind(kind_byte))?;
     let key_id: KeyId = buf[2..10].try_into().expect("8 bytes");
-    let run = be_u64(&buf[10..18]);
-    let seq = be_u64(&buf[18..26]);
+    let run = be_u64(buf, 10);
+    let seq = be_u64(buf, 18);
     if answer {
         let len = kind.answer_len();
         if buf.len() < len {
@@ -254,7 +264,7 @@ pub fn parse_frame(buf: &[u8]) -> Result<(Frame<'_>, usize), WireError> {
             key_id,
             run,
             seq,
-            receiver_run: be_u64(&buf[COMMON_LEN..ANSWER_HEADER_LEN]),
+            receiver_run: be_u64(buf, COMMON_LEN),
             header: &buf[..ANSWER_HEADER_LEN],
             tag: &buf[ANSWER_HEADER_LEN..len],
         };
@@ -266,12 +276,12 @@ pub fn parse_frame(buf: &[u8]) -> Result<(Frame<'_>, usize), WireError> {
     }
     let variant = &buf[COMMON_LEN..COMMON_LEN + kind.variant_len()];
     let body_len = u16::from_be_bytes([buf[header_len - 2], buf[header_len - 1]]) as usize;
+    if body_len < kind.min_body_len() {
+        return Err(WireError::ShortBody);
+    }
     let end = header_len + body_len;
     if buf.len() < end {
         return Err(WireError::Truncated);
-    }
-    if kind.sealed() && body_len < TAG_LEN + MADE_LEN {
-        return Err(WireError::ShortBody);
     }
     let record = Record {
         kind,
@@ -382,6 +392,23 @@ mod tests {
         dg[0] = 1;
         dg[1] = 0x17;
         assert_eq!(parse_frame(&dg).unwrap_err(), WireError::Kind(0x17));
+        // The 29-byte plain record whose one-byte body is shorter than its made time.
+        for kind in [
+            Kind::Plain,
+            Kind::HpkeSession,
+            Kind::HpkePerRequest,
+            Kind::Link,
+        ] {
+            let mut dg = Vec::new();
+            let variant = vec![0; kind.variant_len()];
+            put_record_header(&mut dg, kind, &[0; 8], 1, 1, &variant, 1);
+            dg.push(0);
+            assert_eq!(
+                parse_frame(&dg).unwrap_err(),
+                WireError::ShortBody,
+                "{kind:?}"
+            );
+        }
     }
 
     #[test]

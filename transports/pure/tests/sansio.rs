@@ -10,10 +10,12 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 use transport_core::{Counters, Order, OrderId};
 use transport_pure::crypto::NodeKey;
-use transport_pure::receiver::{InMemorySecrets, Receiver, ReceiverConfig};
+use transport_pure::receiver::Receiver;
 use transport_pure::sender::{Sender, SenderConfig, SenderEvent};
-use transport_pure::senders::{AllowList, AllowedSender};
 use transport_pure::wire::{self, Frame, Kind};
+
+mod common;
+use common::Keys;
 
 fn addr(i: usize) -> SocketAddr {
     format!("10.0.1.{}:5000", i + 1).parse().unwrap()
@@ -26,8 +28,7 @@ struct Pair {
     loss: f64,
     rng: StdRng,
     kind: Kind,
-    node: NodeKey,
-    allow: AllowList,
+    keys: Keys,
     receiver: Receiver,
     receiver_counters: Arc<Counters>,
     senders: Vec<Sender>,
@@ -43,43 +44,20 @@ struct Pair {
 impl Pair {
     fn new(kind: Kind, senders: usize, loss: f64, seed: u64) -> Pair {
         let mut rng = StdRng::seed_from_u64(seed);
-        let node = NodeKey::generate(&mut rng);
-        let keys: Vec<NodeKey> = (0..senders).map(|_| NodeKey::generate(&mut rng)).collect();
-        let allow = AllowList::new(
-            keys.iter()
-                .enumerate()
-                .map(|(i, k)| AllowedSender {
-                    name: format!("dev-{i}"),
-                    sender_id: i as u64,
-                    public: *k.public(),
-                })
-                .collect(),
-        )
-        .unwrap();
+        let keys = Keys::new(senders, &mut rng);
         let sender_counters = Arc::new(Counters::default());
-        let senders = keys
-            .into_iter()
-            .map(|k| {
-                let r = StdRng::seed_from_u64(rng.random());
-                Sender::new(
-                    SenderConfig::new(kind),
-                    k,
-                    *node.public(),
-                    r,
-                    sender_counters.clone(),
-                )
-            })
+        let senders = (0..senders)
+            .map(|i| keys.sender(kind, i, rng.random(), &sender_counters))
             .collect();
         let receiver_counters = Arc::new(Counters::default());
-        let receiver = Self::receiver(kind, &node, &allow, 1, &receiver_counters);
+        let receiver = keys.receiver(kind, 1, 16, &receiver_counters);
         Pair {
             now: Instant::now(),
             latency: Duration::from_millis(5),
             loss,
             rng,
             kind,
-            node,
-            allow,
+            keys,
             receiver,
             receiver_counters,
             senders,
@@ -91,35 +69,11 @@ impl Pair {
         }
     }
 
-    fn receiver(
-        kind: Kind,
-        node: &NodeKey,
-        allow: &AllowList,
-        run: u64,
-        counters: &Arc<Counters>,
-    ) -> Receiver {
-        Receiver::new(
-            ReceiverConfig {
-                kind,
-                key: node.clone(),
-                senders: allow.clone(),
-                run,
-                session_capacity: 16,
-                secrets: Box::new(InMemorySecrets::default()),
-            },
-            counters.clone(),
-        )
-    }
-
     /// The receiver restarts: a new run, no keys remembered.
     fn restart_receiver(&mut self, run: u64) {
-        self.receiver = Self::receiver(
-            self.kind,
-            &self.node,
-            &self.allow,
-            run,
-            &self.receiver_counters,
-        );
+        self.receiver = self
+            .keys
+            .receiver(self.kind, run, 16, &self.receiver_counters);
     }
 
     fn order(device: usize, run: u64, seq: u64) -> Order {
@@ -298,7 +252,7 @@ fn a_changed_number_or_sender_does_not_open() {
         p.receiver.handle(addr(0), &changed_seq);
 
         let mut other_sender = good.clone();
-        let other = wire::key_id(&p.allow.senders()[1].public);
+        let other = wire::key_id(&p.keys.allow.senders()[1].public);
         other_sender[key_at..key_at + 8].copy_from_slice(&other);
         p.receiver.handle(addr(0), &other_sender);
 
@@ -352,17 +306,18 @@ fn a_restarted_receiver_opens_the_same_session_again() {
 fn another_node_claiming_a_senders_name_is_refused() {
     for kind in [Kind::HpkeSession, Kind::HpkePerRequest, Kind::Link] {
         let mut p = Pair::new(kind, 1, 0.0, 5);
-        let victim = wire::key_id(&p.allow.senders()[0].public);
+        let victim = wire::key_id(&p.keys.allow.senders()[0].public);
         // The impostor has a key of its own and puts the victim's key id in its headers.
         let impostor_key = NodeKey::generate(&mut StdRng::seed_from_u64(99));
         let counters = Arc::new(Counters::default());
         let mut impostor = Sender::new(
             SenderConfig::new(kind),
             impostor_key,
-            *p.node.public(),
+            *p.keys.node.public(),
             StdRng::seed_from_u64(98),
             counters,
-        );
+        )
+        .unwrap();
         impostor.push(p.now, Pair::order(0, 5, 0));
         let mut buf = Vec::new();
         assert!(impostor.poll_transmit(p.now, &mut buf));

@@ -49,7 +49,7 @@ fuzz_target!(|data: &[u8]| {
         r.handle("127.0.0.1:1".parse().unwrap(), data);
         let _ = r.take_deliveries();
         let rng = rand::SeedableRng::seed_from_u64(0);
-        let mut s = Sender::new(SenderConfig::new(kind), fx.device.clone(), *fx.node.public(), rng, Arc::new(Counters::default()));
+        let mut s = Sender::new(SenderConfig::new(kind), fx.device.clone(), *fx.node.public(), rng, Arc::new(Counters::default())).unwrap();
         s.handle(Instant::now(), data);
     }
 });

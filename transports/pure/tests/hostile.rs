@@ -1,0 +1,477 @@
+//! Hostile input to the sans-IO receiver (and the answers to the device): forged senders, sessions taken over,
+//! truncated and stretched records, oversized datagrams, floods of setups, low-order keys. Each test says which
+//! rule of `docs/pure.md` ("What each hostile input does") it holds to.
+
+use rand::rngs::StdRng;
+use rand::{Rng, SeedableRng};
+use std::net::SocketAddr;
+use std::sync::Arc;
+use std::time::Instant;
+use transport_core::{Counters, Order, OrderId};
+use transport_pure::crypto::{check_public, link_secret, LowOrderKey, NodeKey, WireKeys};
+use transport_pure::sender::{Sender, SenderEvent};
+use transport_pure::wire::{self, KeyId, Kind, MADE_LEN, MAX_DATAGRAM, TAG_LEN};
+
+mod common;
+use common::Keys;
+
+const ALL: [Kind; 4] = [
+    Kind::Plain,
+    Kind::HpkeSession,
+    Kind::HpkePerRequest,
+    Kind::Link,
+];
+
+fn from() -> SocketAddr {
+    "10.0.0.1:5000".parse().unwrap()
+}
+
+fn order(sender: u64, run: u64, seq: u64, payload_len: usize) -> Order {
+    Order {
+        id: OrderId { sender, run, seq },
+        made_us: seq,
+        payload: vec![seq as u8; payload_len],
+    }
+}
+
+/// The datagram a device sends for one order.
+fn sealed_by(sender: &mut Sender, o: Order) -> Vec<u8> {
+    let now = Instant::now();
+    sender.push(now, o);
+    let mut buf = Vec::new();
+    assert!(sender.poll_transmit(now, &mut buf));
+    buf
+}
+
+/// Seal one record by hand: whatever key id, run and number the sealer chooses, under keys it holds.
+fn seal(
+    kind: Kind,
+    keys: &WireKeys,
+    key_id: &KeyId,
+    run: u64,
+    seq: u64,
+    variant: &[u8],
+    payload: &[u8],
+) -> Vec<u8> {
+    let len = wire::record_len(kind, payload.len());
+    let mut out = Vec::with_capacity(len);
+    let header = wire::put_record_header(
+        &mut out,
+        kind,
+        key_id,
+        run,
+        seq,
+        variant,
+        len - kind.record_header_len(),
+    );
+    keys.seal_record(seq, header, seq, payload, &mut out);
+    out
+}
+
+#[test]
+fn an_hpke_session_opens_only_for_the_sender_that_set_it_up() {
+    let mut rng = StdRng::seed_from_u64(21);
+    let keys = Keys::new(2, &mut rng);
+    let counters = Arc::new(Counters::default());
+    let mut r = keys.receiver(Kind::HpkeSession, 1, 16, &counters);
+    let (victim, attacker) = (&keys.devices[0], &keys.devices[1]);
+    // The attacker is an allowed device: it sets up a session of its own and sends one honest record.
+    let (enc, session) = WireKeys::hpke_sender(&mut rng, attacker, keys.node.public());
+    let honest = seal(
+        Kind::HpkeSession,
+        &session,
+        &attacker.key_id(),
+        77,
+        0,
+        &enc,
+        b"mine",
+    );
+    r.handle(from(), &honest);
+    let (orders, _) = r.take_deliveries();
+    assert_eq!(orders.len(), 1);
+    assert_eq!(
+        orders[0].id.sender, 1,
+        "the attacker's own order, as its own"
+    );
+    // Then it seals, under its own session, records that name the victim, the victim's run and numbers.
+    for seq in 0..5 {
+        let forged = seal(
+            Kind::HpkeSession,
+            &session,
+            &victim.key_id(),
+            5,
+            seq,
+            &enc,
+            b"an order the victim never made",
+        );
+        r.handle(from(), &forged);
+    }
+    let (orders, replies) = r.take_deliveries();
+    assert!(
+        orders.is_empty() && replies.is_empty(),
+        "applied as the victim's orders: {:?}",
+        orders.iter().map(|o| o.id).collect::<Vec<_>>()
+    );
+    let c = counters.snapshot();
+    assert_eq!(c.refused_forged, 5);
+    assert_eq!(
+        c.x25519, 2,
+        "one setup (the attacker's); a mismatch costs none"
+    );
+    // The victim's own session still opens, under its own name.
+    let mut device = keys.sender(Kind::HpkeSession, 0, 3, &Arc::new(Counters::default()));
+    r.handle(from(), &sealed_by(&mut device, order(0, 5, 0, 16)));
+    let (orders, _) = r.take_deliveries();
+    assert_eq!(orders.iter().map(|o| o.id.sender).collect::<Vec<_>>(), [0]);
+}
+
+#[test]
+fn a_forger_copying_a_devices_enc_cannot_take_its_session_or_shut_it_out() {
+    let mut rng = StdRng::seed_from_u64(22);
+    let keys = Keys::new(2, &mut rng);
+    let counters = Arc::new(Counters::default());
+    let mut r = keys.receiver(Kind::HpkeSession, 1, 16, &counters);
+    let mut device = keys.sender(Kind::HpkeSession, 0, 4, &Arc::new(Counters::default()));
+    let first = sealed_by(&mut device, order(0, 5, 0, 16));
+    // Before the device's record arrives, an allowed forger sends the device's enc under its own name (it cannot
+    // know the session's keys: the tag is noise), twice.
+    let attacker = keys.devices[1].key_id();
+    let mut forged = first.clone();
+    forged[2..10].copy_from_slice(&attacker);
+    r.handle(from(), &forged);
+    r.handle(from(), &forged);
+    assert!(r.take_deliveries().0.is_empty());
+    let c = counters.snapshot();
+    assert_eq!(c.refused_forged, 2);
+    assert_eq!(c.x25519, 2, "the repeated forgery costs no X25519");
+    // The device's own record with that enc still opens: what was remembered is the forger's setup, not a
+    // verdict on the enc.
+    r.handle(from(), &first);
+    assert_eq!(r.take_deliveries().0.len(), 1);
+    assert_eq!(counters.snapshot().x25519, 4);
+    // And once the session is the device's, the forger's copy is refused without any setup.
+    r.handle(from(), &forged);
+    assert!(r.take_deliveries().0.is_empty());
+    assert_eq!(counters.snapshot().refused_forged, 3);
+    assert_eq!(counters.snapshot().x25519, 4);
+}
+
+/// A device's datagram for one order with `payload_len` bytes, and the device (to feed answers to).
+fn record_of(kind: Kind, keys: &Keys, payload_len: usize, seq: u64) -> (Sender, Vec<u8>) {
+    let mut device = keys.sender(kind, 0, 7, &Arc::new(Counters::default()));
+    let d = sealed_by(&mut device, order(0, 9, seq, payload_len));
+    (device, d)
+}
+
+#[test]
+fn every_record_and_answer_cut_at_every_length_is_malformed_never_a_panic() {
+    for kind in ALL {
+        let mut rng = StdRng::seed_from_u64(23);
+        let keys = Keys::new(1, &mut rng);
+        let counters = Arc::new(Counters::default());
+        let mut r = keys.receiver(kind, 1, 16, &counters);
+        for payload_len in [0, 1, 7, 8, 9, 64, 300] {
+            let (mut device, d) = record_of(kind, &keys, payload_len, 0);
+            for len in 0..d.len() {
+                let before = counters.snapshot();
+                r.handle(from(), &d[..len]);
+                let c = counters.snapshot().since(&before);
+                assert_eq!(
+                    (c.refused_malformed, c.refused()),
+                    (1, 1),
+                    "{kind:?}: a {payload_len}-byte order cut at {len} of {}",
+                    d.len()
+                );
+                assert!(r.take_deliveries().0.is_empty());
+            }
+            // Whole, it opens; and its answer, cut at every length, is malformed at the device.
+            r.handle(from(), &d);
+            let (orders, replies) = r.take_deliveries();
+            assert_eq!(orders.len(), 1, "{kind:?}");
+            assert_eq!(orders[0].payload.len(), payload_len);
+            r.answer(&replies[0]);
+            let mut answer = Vec::new();
+            r.poll_transmit(&mut answer).unwrap();
+            let device_counters = Arc::new(Counters::default());
+            for len in 0..answer.len() {
+                let mut cut = keys.sender(kind, 0, 7, &device_counters);
+                sealed_by(&mut cut, order(0, 9, 0, payload_len));
+                cut.handle(Instant::now(), &answer[..len]);
+                assert_eq!(cut.poll_event(), None, "{kind:?}: answer cut at {len}");
+            }
+            device.handle(Instant::now(), &answer);
+            assert!(matches!(device.poll_event(), Some(SenderEvent::Stored(_))));
+        }
+    }
+}
+
+#[test]
+fn every_length_a_record_can_claim_is_checked_before_use() {
+    for kind in ALL {
+        let mut rng = StdRng::seed_from_u64(24);
+        let keys = Keys::new(1, &mut rng);
+        let counters = Arc::new(Counters::default());
+        let mut r = keys.receiver(kind, 1, 16, &counters);
+        let (_, d) = record_of(kind, &keys, 64, 0);
+        let header_len = kind.record_header_len();
+        let body_len = d.len() - header_len;
+        let min_body = MADE_LEN + if kind.sealed() { TAG_LEN } else { 0 };
+        let claims = (0..=min_body + 1)
+            .chain([body_len - 1, body_len, body_len + 1])
+            .chain([0x7fff, 0xfffe, 0xffff]);
+        for claimed in claims {
+            // The length field claims `claimed` bytes; the datagram holds that many (as far as it has them), or
+            // all it had.
+            for end in [header_len + claimed.min(body_len), d.len()] {
+                let mut x = d[..end].to_vec();
+                x[header_len - 2..header_len].copy_from_slice(&(claimed as u16).to_be_bytes());
+                let before = counters.snapshot();
+                r.handle(from(), &x);
+                let c = counters.snapshot().since(&before);
+                let orders = r.take_deliveries().0;
+                let what = format!("{kind:?} claims {claimed}, ends at {end}: {c:?}");
+                // Whether the first frame is whole, and whether bytes follow it.
+                let whole = claimed >= min_body && header_len + claimed <= end;
+                if !whole {
+                    assert!(orders.is_empty(), "{what}");
+                    assert_eq!((c.refused_malformed, c.refused()), (1, 1), "{what}");
+                } else if kind == Kind::Plain {
+                    // Plain records are not sealed: a consistent shorter length is a shorter order.
+                    assert_eq!(orders.len(), 1, "{what}");
+                    assert_eq!(orders[0].payload.len(), claimed - MADE_LEN);
+                } else if claimed == body_len {
+                    assert_eq!(orders.len(), 1, "{what}");
+                } else {
+                    assert!(orders.is_empty(), "{what}");
+                    assert_eq!(c.refused_forged, 1, "{what}");
+                }
+                if whole && header_len + claimed < end {
+                    assert!(c.refused() >= 1, "the bytes after the frame: {what}");
+                }
+            }
+        }
+        // Every header byte set to each extreme: refused or (plain, or the byte already had that value) taken,
+        // never a panic, and a sealed record with a changed header never opens.
+        for at in 0..header_len {
+            for v in [0x00, 0x01, 0x7f, 0x80, 0xfe, 0xff] {
+                let mut x = d.clone();
+                if x[at] == v {
+                    continue;
+                }
+                x[at] = v;
+                r.handle(from(), &x);
+                let orders = r.take_deliveries().0;
+                if kind.sealed() {
+                    assert!(orders.is_empty(), "{kind:?}: byte {at} set to {v:#x}");
+                }
+            }
+        }
+    }
+}
+
+#[test]
+fn a_datagram_over_the_maximum_is_refused_whole_unread() {
+    for kind in ALL {
+        let mut rng = StdRng::seed_from_u64(25);
+        let keys = Keys::new(1, &mut rng);
+        let counters = Arc::new(Counters::default());
+        let mut r = keys.receiver(kind, 1, 16, &counters);
+        let (_, d) = record_of(kind, &keys, 64, 0);
+        // The same record repeated up to the maximum is taken (a replay, each copy answered)...
+        let fit = MAX_DATAGRAM / d.len();
+        let full: Vec<u8> = d.repeat(fit);
+        r.handle(from(), &full);
+        assert_eq!(r.take_deliveries().0.len(), fit, "{kind:?}");
+        // ... one byte more and the datagram is refused before any of it is read.
+        let mut over = full.clone();
+        over.resize(MAX_DATAGRAM + 1, 0);
+        let before = counters.snapshot();
+        r.handle(from(), &over);
+        let c = counters.snapshot().since(&before);
+        assert!(r.take_deliveries().0.is_empty());
+        assert_eq!(
+            (c.refused_oversized, c.received, c.x25519, c.refused()),
+            (1, 0, 0, 1)
+        );
+        let huge = d.repeat(65_000 / d.len());
+        r.handle(from(), &huge);
+        assert!(r.take_deliveries().0.is_empty());
+        assert_eq!(counters.snapshot().since(&before).refused_oversized, 2);
+        // An empty datagram is malformed.
+        r.handle(from(), &[]);
+        assert_eq!(counters.snapshot().since(&before).refused_malformed, 1);
+    }
+}
+
+#[test]
+fn forged_setups_cost_one_setup_per_datagram_and_none_when_repeated() {
+    for kind in [Kind::HpkeSession, Kind::HpkePerRequest] {
+        let mut rng = StdRng::seed_from_u64(26);
+        let keys = Keys::new(4, &mut rng);
+        let counters = Arc::new(Counters::default());
+        let mut r = keys.receiver(kind, 1, 16, &counters);
+        // A datagram packed with records naming allowed devices, each with a fresh enc and a tag of noise.
+        let mut datagram = Vec::new();
+        let mut records = 0;
+        loop {
+            let mut enc = [0u8; 32];
+            rng.fill(&mut enc[..]);
+            let key_id = keys.devices[records % 4].key_id();
+            let body: Vec<u8> = (0..MADE_LEN + 8 + TAG_LEN).map(|_| rng.random()).collect();
+            let mut frame = Vec::new();
+            wire::put_record_header(&mut frame, kind, &key_id, 3, 0, &enc, body.len());
+            frame.extend_from_slice(&body);
+            if datagram.len() + frame.len() > MAX_DATAGRAM {
+                break;
+            }
+            datagram.extend_from_slice(&frame);
+            records += 1;
+        }
+        assert!(records >= 10, "{records} records fit");
+        r.handle(from(), &datagram);
+        let c = counters.snapshot();
+        assert!(r.take_deliveries().0.is_empty());
+        assert_eq!(
+            c.refused_forged, records as u64,
+            "{kind:?}: every record refused"
+        );
+        assert_eq!(
+            c.x25519, 2,
+            "{kind:?}: the first failed setup ends the datagram's setups"
+        );
+        // The same forgery again costs no X25519 at all.
+        r.handle(from(), &datagram);
+        let c = counters.snapshot();
+        assert_eq!(c.refused_forged, 2 * records as u64);
+        assert_eq!(c.x25519, 2, "{kind:?}: a failed enc is remembered");
+        // Honest records of a device still open meanwhile.
+        let (_, d) = record_of(kind, &keys, 64, 0);
+        r.handle(from(), &d);
+        assert_eq!(r.take_deliveries().0.len(), 1);
+    }
+}
+
+/// The points of small order on Curve25519 and its twist, as encoded u-coordinates (RFC 7748 section 6.1;
+/// the list libsodium refuses): 0, 1, the two points of order 8, p-1, p and p+1, each also with the top bit set
+/// (X25519 ignores it).
+fn low_order_points() -> Vec<[u8; 32]> {
+    let order8a = "e0eb7a7c3b41b8ae1656e3faf19fc46ada098deb9c32b1fd866205165f49b800";
+    let order8b = "5f9c95bca3508c24b1d0b1559c83ef5b04445cc4581c8e86d8224eddd09f1157";
+    let mut out = Vec::new();
+    let mut p = [0xff; 32];
+    p[0] = 0xed;
+    p[31] = 0x7f;
+    for base in [
+        [0u8; 32],
+        {
+            let mut one = [0u8; 32];
+            one[0] = 1;
+            one
+        },
+        hex::decode(order8a).unwrap().try_into().unwrap(),
+        hex::decode(order8b).unwrap().try_into().unwrap(),
+        {
+            let mut x = p;
+            x[0] = 0xec;
+            x
+        },
+        p,
+        {
+            let mut x = p;
+            x[0] = 0xee;
+            x
+        },
+    ] {
+        out.push(base);
+        let mut high = base;
+        high[31] |= 0x80;
+        out.push(high);
+    }
+    out
+}
+
+#[test]
+fn keys_of_small_order_are_refused_by_the_table_and_by_the_zero_check() {
+    // Each of them makes X25519 give the all-zero value with any secret: `agree` refuses that result, and the
+    // table refuses the key before any X25519 is spent on it.
+    let mut rng = StdRng::seed_from_u64(27);
+    let key = NodeKey::generate(&mut rng);
+    for point in low_order_points() {
+        assert_eq!(
+            key.agree(&point),
+            Err(LowOrderKey),
+            "{}",
+            hex::encode(point)
+        );
+        assert_eq!(
+            check_public(&point),
+            Err(LowOrderKey),
+            "{}",
+            hex::encode(point)
+        );
+        assert!(link_secret(&key, &point, &point, key.public()).is_err());
+    }
+    // Real keys pass both.
+    for _ in 0..200 {
+        let other = NodeKey::generate(&mut rng);
+        assert_eq!(check_public(other.public()), Ok(()));
+        assert!(key.agree(other.public()).is_ok());
+    }
+}
+
+#[test]
+fn an_enc_of_small_order_is_refused_before_any_x25519() {
+    for kind in [Kind::HpkeSession, Kind::HpkePerRequest] {
+        let mut rng = StdRng::seed_from_u64(28);
+        let keys = Keys::new(1, &mut rng);
+        let counters = Arc::new(Counters::default());
+        let mut r = keys.receiver(kind, 1, 16, &counters);
+        let (_, d) = record_of(kind, &keys, 16, 0);
+        let enc_at = wire::COMMON_LEN;
+        for point in low_order_points() {
+            let mut x = d.clone();
+            x[enc_at..enc_at + 32].copy_from_slice(&point);
+            r.handle(from(), &x);
+            r.handle(from(), &x);
+        }
+        assert!(r.take_deliveries().0.is_empty());
+        let c = counters.snapshot();
+        assert_eq!(c.refused_forged, 2 * low_order_points().len() as u64);
+        assert_eq!(c.x25519, 0, "{kind:?}: refused before any X25519");
+    }
+}
+
+#[test]
+fn the_keys_a_receiver_keeps_are_bounded_and_an_evicted_wire_only_costs_recomputation() {
+    for kind in [Kind::Link, Kind::HpkeSession] {
+        let mut rng = StdRng::seed_from_u64(29);
+        let keys = Keys::new(1, &mut rng);
+        let counters = Arc::new(Counters::default());
+        let device_counters = Arc::new(Counters::default());
+        let mut r = keys.receiver(kind, 1, 16, &counters);
+        // One allowed device starting run after run (restarting, or making runs up): a wire each.
+        let first = sealed_by(
+            &mut keys.sender(kind, 0, 1, &device_counters),
+            order(0, 1, 0, 8),
+        );
+        r.handle(from(), &first);
+        assert_eq!(r.take_deliveries().0.len(), 1);
+        for run in 2..300 {
+            let mut device = keys.sender(kind, 0, run, &device_counters);
+            r.handle(from(), &sealed_by(&mut device, order(0, run, 0, 8)));
+            assert_eq!(r.take_deliveries().0.len(), 1, "{kind:?} run {run}");
+            assert!(r.cached_wires() <= 16, "{kind:?}: {}", r.cached_wires());
+        }
+        // The first run comes back after it was forgotten: it opens again, for one derivation.
+        let before = counters.snapshot();
+        r.handle(from(), &first);
+        assert_eq!(r.take_deliveries().0.len(), 1);
+        let c = counters.snapshot().since(&before);
+        assert_eq!(c.key_derivations, 1, "{kind:?}");
+        let setup = if kind == Kind::Link { 0 } else { 2 };
+        assert_eq!(
+            c.x25519, setup,
+            "{kind:?}: the link secret is kept per sender"
+        );
+    }
+}

@@ -1,0 +1,292 @@
+//! The receiver's UDP server in this process, with real sockets and the real store, under hostile datagrams:
+//! answers that cannot be sent (spoofed sources), sessions taken over. The devices are sans-IO senders driven here
+//! over their own UDP sockets.
+
+use rand::rngs::StdRng;
+use rand::SeedableRng;
+use std::net::{Ipv4Addr, SocketAddr, SocketAddrV4};
+use std::path::Path;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+use tokio::net::UdpSocket;
+use transport_core::{Counters, Order, OrderId, TransportError};
+use transport_pure::crypto::WireKeys;
+use transport_pure::sender::{Sender, SenderEvent};
+use transport_pure::wire::{self, Kind};
+use transport_store::{self as store, Store, StoreHandle, SyncPolicy};
+
+mod common;
+use common::Keys;
+
+struct Server {
+    addr: SocketAddr,
+    counters: Arc<Counters>,
+    task: tokio::task::JoinHandle<Result<(), TransportError>>,
+}
+
+async fn start(kind: Kind, keys: &Keys, store_dir: &Path) -> Server {
+    let (store, _) = Store::open(store_dir, SyncPolicy::None).unwrap();
+    let socket = UdpSocket::bind("127.0.0.1:0").await.unwrap();
+    let addr = socket.local_addr().unwrap();
+    let counters = Arc::new(Counters::default());
+    let receiver = keys.receiver(kind, 7, 1024, &counters);
+    let task = tokio::spawn(transport_pure::server::run(
+        socket,
+        receiver,
+        std::sync::Arc::new(StoreHandle::spawn(store)),
+    ));
+    Server {
+        addr,
+        counters,
+        task,
+    }
+}
+
+/// A device over its own UDP socket.
+struct Device {
+    socket: UdpSocket,
+    sender: Sender,
+    run: u64,
+    seq: u64,
+}
+
+impl Device {
+    async fn new(keys: &Keys, kind: Kind, i: usize, run: u64) -> Device {
+        Device {
+            socket: UdpSocket::bind("127.0.0.1:0").await.unwrap(),
+            sender: keys.sender(kind, i, run, &Arc::new(Counters::default())),
+            run,
+            seq: 0,
+        }
+    }
+
+    /// Send the next order and wait (up to 5 s) for the server to say it is stored. Returns the datagram sent.
+    async fn store_one(&mut self, sender_id: u64, server: SocketAddr) -> (OrderId, Vec<u8>) {
+        let id = OrderId {
+            sender: sender_id,
+            run: self.run,
+            seq: self.seq,
+        };
+        self.seq += 1;
+        let now = Instant::now();
+        self.sender.push(
+            now,
+            Order {
+                id,
+                made_us: 1,
+                payload: vec![3; 32],
+            },
+        );
+        let mut out = Vec::new();
+        assert!(self.sender.poll_transmit(now, &mut out));
+        self.socket.send_to(&out, server).await.unwrap();
+        let mut buf = vec![0u8; 2048];
+        let deadline = tokio::time::Instant::now() + Duration::from_secs(5);
+        loop {
+            let Ok(Ok((n, _))) =
+                tokio::time::timeout_at(deadline, self.socket.recv_from(&mut buf)).await
+            else {
+                panic!("order {id} not answered: is the server still up?");
+            };
+            self.sender.handle(Instant::now(), &buf[..n]);
+            if self.sender.poll_event() == Some(SenderEvent::Stored(id)) {
+                return (id, out);
+            }
+        }
+    }
+}
+
+/// Send `payload` as a UDP datagram from a source address of our choosing, through a raw IPv4 socket (the kernel
+/// fills in the IP checksum and length; a UDP checksum of 0 means none).
+fn send_spoofed(from: SocketAddrV4, to: SocketAddrV4, payload: &[u8]) -> std::io::Result<()> {
+    let udp_len = 8 + payload.len();
+    let mut packet = Vec::with_capacity(20 + udp_len);
+    packet.extend_from_slice(&[0x45, 0]);
+    packet.extend_from_slice(&((20 + udp_len) as u16).to_be_bytes());
+    packet.extend_from_slice(&[0, 0, 0, 0, 64, libc::IPPROTO_UDP as u8, 0, 0]);
+    packet.extend_from_slice(&from.ip().octets());
+    packet.extend_from_slice(&to.ip().octets());
+    packet.extend_from_slice(&from.port().to_be_bytes());
+    packet.extend_from_slice(&to.port().to_be_bytes());
+    packet.extend_from_slice(&(udp_len as u16).to_be_bytes());
+    packet.extend_from_slice(&[0, 0]);
+    packet.extend_from_slice(payload);
+    // SAFETY: plain socket calls on a descriptor we own and close.
+    unsafe {
+        let fd = libc::socket(libc::AF_INET, libc::SOCK_RAW, libc::IPPROTO_RAW);
+        if fd < 0 {
+            return Err(std::io::Error::last_os_error());
+        }
+        let sa = libc::sockaddr_in {
+            sin_family: libc::AF_INET as libc::sa_family_t,
+            sin_port: 0,
+            sin_addr: libc::in_addr {
+                s_addr: u32::from_ne_bytes(to.ip().octets()),
+            },
+            sin_zero: [0; 8],
+        };
+        let n = libc::sendto(
+            fd,
+            packet.as_ptr().cast(),
+            packet.len(),
+            0,
+            (&sa as *const libc::sockaddr_in).cast(),
+            std::mem::size_of::<libc::sockaddr_in>() as libc::socklen_t,
+        );
+        let err = std::io::Error::last_os_error();
+        libc::close(fd);
+        if n < 0 {
+            return Err(err);
+        }
+    }
+    Ok(())
+}
+
+fn can_open_raw_sockets() -> bool {
+    // SAFETY: as in `send_spoofed`.
+    unsafe {
+        let fd = libc::socket(libc::AF_INET, libc::SOCK_RAW, libc::IPPROTO_RAW);
+        if fd >= 0 {
+            libc::close(fd);
+        }
+        fd >= 0
+    }
+}
+
+/// Bring the loopback interface of a new network namespace up (SIOCSIFFLAGS), as `ip link set lo up` does.
+fn loopback_up() {
+    // SAFETY: an ioctl on a socket we own with a zeroed, correctly sized ifreq.
+    unsafe {
+        let fd = libc::socket(libc::AF_INET, libc::SOCK_DGRAM, 0);
+        assert!(fd >= 0);
+        let mut ifr: libc::ifreq = std::mem::zeroed();
+        for (d, s) in ifr.ifr_name.iter_mut().zip(b"lo\0") {
+            *d = *s as libc::c_char;
+        }
+        assert_eq!(libc::ioctl(fd, libc::SIOCGIFFLAGS, &mut ifr), 0);
+        ifr.ifr_ifru.ifru_flags |= (libc::IFF_UP | libc::IFF_RUNNING) as libc::c_short;
+        assert_eq!(
+            libc::ioctl(fd, libc::SIOCSIFFLAGS, &ifr),
+            0,
+            "{}",
+            std::io::Error::last_os_error()
+        );
+        libc::close(fd);
+    }
+}
+
+const IN_NAMESPACE: &str = "PURE_TEST_IN_NETNS";
+
+/// Spoofing a source needs a raw socket (CAP_NET_RAW). Without it, this test runs itself again in a new user and
+/// network namespace (`unshare --user --map-root-user --net`), where it has one, and checks that run's result.
+/// Returns whether the caller should run the test here.
+fn here_with_raw_sockets(test: &str) -> bool {
+    if std::env::var_os(IN_NAMESPACE).is_some() {
+        loopback_up();
+        return true;
+    }
+    if can_open_raw_sockets() {
+        return true;
+    }
+    let status = std::process::Command::new("unshare")
+        .args(["--user", "--map-root-user", "--net", "--"])
+        .arg(std::env::current_exe().unwrap())
+        .args([test, "--exact", "--nocapture", "--test-threads=1"])
+        .env(IN_NAMESPACE, "1")
+        .status()
+        .expect("this test needs CAP_NET_RAW or `unshare` with user namespaces");
+    assert!(status.success(), "{test} in a network namespace: {status}");
+    false
+}
+
+#[tokio::test]
+async fn answers_that_cannot_be_sent_are_counted_and_the_server_goes_on() {
+    if !here_with_raw_sockets("answers_that_cannot_be_sent_are_counted_and_the_server_goes_on") {
+        return;
+    }
+    for kind in [
+        Kind::Plain,
+        Kind::HpkeSession,
+        Kind::HpkePerRequest,
+        Kind::Link,
+    ] {
+        let keys = Keys::new(1, &mut StdRng::seed_from_u64(31));
+        let dir = tempfile::tempdir().unwrap();
+        let server = start(kind, &keys, dir.path()).await;
+        let SocketAddr::V4(to) = server.addr else {
+            unreachable!()
+        };
+        let mut device = Device::new(&keys, kind, 0, 5).await;
+        let (_, record) = device.store_one(0, server.addr).await;
+        // The device's record again, from sources the server cannot answer: port 0 (EINVAL) and the broadcast
+        // address (EACCES without SO_BROADCAST). The record opens, so an answer is made, and its send fails.
+        let spoofed = [
+            SocketAddrV4::new(Ipv4Addr::LOCALHOST, 0),
+            SocketAddrV4::new(Ipv4Addr::BROADCAST, 9),
+        ];
+        for from in spoofed {
+            send_spoofed(from, to, &record).unwrap();
+        }
+        // The server is still up and serving the device.
+        for _ in 0..3 {
+            device.store_one(0, server.addr).await;
+        }
+        assert!(!server.task.is_finished(), "{kind:?}");
+        let c = server.counters.snapshot();
+        assert_eq!(c.send_errors, 2, "{kind:?}: {c:?}");
+        assert_eq!(c.received, 6, "{kind:?}");
+        server.task.abort();
+    }
+}
+
+#[tokio::test]
+async fn an_allowed_device_cannot_store_orders_as_another_through_its_session() {
+    let mut rng = StdRng::seed_from_u64(32);
+    let keys = Keys::new(2, &mut rng);
+    let dir = tempfile::tempdir().unwrap();
+    let server = start(Kind::HpkeSession, &keys, dir.path()).await;
+    let mut victim = Device::new(&keys, Kind::HpkeSession, 0, 5).await;
+    let (first, _) = victim.store_one(0, server.addr).await;
+    let mut made = vec![first];
+    // The attacker (allowed device 1) sets up a session of its own, opens it with one honest record, then seals
+    // records under it that name the victim, the victim's run and new numbers; one datagram each, in order.
+    let (enc, session) = WireKeys::hpke_sender(&mut rng, &keys.devices[1], keys.node.public());
+    let socket = UdpSocket::bind("127.0.0.1:0").await.unwrap();
+    for (key_id, sender, seq) in [
+        (keys.devices[1].key_id(), 1, 1000),
+        (keys.devices[0].key_id(), 0, 1001),
+        (keys.devices[0].key_id(), 0, 1002),
+    ] {
+        let len = wire::record_len(Kind::HpkeSession, 8);
+        let mut frame = Vec::new();
+        let header = wire::put_record_header(
+            &mut frame,
+            Kind::HpkeSession,
+            &key_id,
+            5,
+            seq,
+            &enc,
+            len - Kind::HpkeSession.record_header_len(),
+        );
+        session.seal_record(seq, header, 1, &[9; 8], &mut frame);
+        if sender == 1 {
+            made.push(OrderId {
+                sender,
+                run: 5,
+                seq,
+            });
+        }
+        socket.send_to(&frame, server.addr).await.unwrap();
+    }
+    // The victim goes on; once its order is answered, everything sent before it was committed or refused.
+    let (next, _) = victim.store_one(0, server.addr).await;
+    made.push(next);
+    let audit = store::audit(dir.path(), &made, &[]).unwrap();
+    assert_eq!(
+        audit.unknown, 0,
+        "orders the victim never made were applied: {audit:?}"
+    );
+    assert_eq!(audit.applied, made.len() as u64, "{audit:?}");
+    assert_eq!(server.counters.snapshot().refused_forged, 2);
+    server.task.abort();
+}
