@@ -6,6 +6,7 @@
 use std::fs::{self, OpenOptions};
 use std::io::{self, Write};
 use std::os::unix::fs::{OpenOptionsExt, PermissionsExt};
+
 use std::path::Path;
 
 /// Errors reading or writing key files.
@@ -36,31 +37,69 @@ fn io_err(path: &Path) -> impl FnOnce(io::Error) -> KeyFileError + '_ {
     }
 }
 
-/// Write `contents` to `path` as a secret: mode 0600, written to a temporary file, synced, then renamed over.
-pub fn write_secret(path: &Path, contents: &[u8]) -> Result<(), KeyFileError> {
-    let tmp = path.with_extension("tmp");
-    let mut f = OpenOptions::new()
-        .write(true)
-        .create(true)
-        .truncate(true)
-        .mode(0o600)
-        .open(&tmp)
-        .map_err(io_err(&tmp))?;
-    // A file that already existed keeps its old mode through `open`; make sure it is 0600.
-    f.set_permissions(fs::Permissions::from_mode(0o600))
-        .map_err(io_err(&tmp))?;
-    f.write_all(contents).map_err(io_err(&tmp))?;
-    f.sync_all().map_err(io_err(&tmp))?;
-    fs::rename(&tmp, path).map_err(io_err(path))?;
+/// Write `contents` to `path` whole, with `mode`: into a new temporary file beside it, synced, then renamed over
+/// `path`, so a reader never sees half a file and a crash never leaves a secret readable.
+///
+/// The temporary file gets a random name and is created with `O_EXCL | O_NOFOLLOW` and its final mode, so a
+/// symlink or a file planted under that name is never followed or reused. The rename replaces a symlink at `path`
+/// itself rather than writing through it.
+pub fn write_atomic(path: &Path, contents: &[u8], mode: u32) -> Result<(), KeyFileError> {
+    let name = path
+        .file_name()
+        .map(|n| n.to_string_lossy())
+        .unwrap_or_default();
+    let mut attempt = 0;
+    let (tmp, mut f) = loop {
+        let tmp = path.with_file_name(format!(".{name}.{:016x}.tmp", random_u64()));
+        match OpenOptions::new()
+            .write(true)
+            .create_new(true)
+            .custom_flags(libc::O_NOFOLLOW)
+            .mode(mode)
+            .open(&tmp)
+        {
+            Ok(f) => break (tmp, f),
+            Err(e) if e.kind() == io::ErrorKind::AlreadyExists && attempt < 8 => attempt += 1,
+            Err(e) => return Err(io_err(&tmp)(e)),
+        }
+    };
+    let written = (|| {
+        // The umask may have narrowed the mode given to `open`; set it exactly.
+        f.set_permissions(fs::Permissions::from_mode(mode))?;
+        f.write_all(contents)?;
+        f.sync_all()
+    })();
+    if let Err(e) = written.and_then(|()| fs::rename(&tmp, path)) {
+        let _ = fs::remove_file(&tmp);
+        return Err(io_err(path)(e));
+    }
     Ok(())
 }
 
-/// Write a public file (mode 0644), synced.
+/// Write `contents` to `path` as a secret: mode 0600 from the moment the file exists ([`write_atomic`]).
+pub fn write_secret(path: &Path, contents: &[u8]) -> Result<(), KeyFileError> {
+    write_atomic(path, contents, 0o600)
+}
+
+/// Write a public file (mode 0644) whole ([`write_atomic`]).
 pub fn write_public(path: &Path, contents: &[u8]) -> Result<(), KeyFileError> {
-    let mut f = fs::File::create(path).map_err(io_err(path))?;
-    f.write_all(contents).map_err(io_err(path))?;
-    f.sync_all().map_err(io_err(path))?;
-    Ok(())
+    write_atomic(path, contents, 0o644)
+}
+
+/// 64 bits from the kernel's random source (temporary names only; no secret depends on them).
+fn random_u64() -> u64 {
+    let mut b = [0u8; 8];
+    if fs::File::open("/dev/urandom")
+        .and_then(|mut f| io::Read::read_exact(&mut f, &mut b))
+        .is_err()
+    {
+        let t = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map(|d| d.as_nanos() as u64)
+            .unwrap_or(0);
+        b = (t ^ u64::from(std::process::id()).rotate_left(32)).to_le_bytes();
+    }
+    u64::from_le_bytes(b)
 }
 
 /// Read a 32-byte key written as 64 hex digits (surrounding whitespace allowed).
@@ -96,6 +135,34 @@ mod tests {
         write_secret(&p, hex::encode([7u8; 32]).as_bytes()).unwrap();
         assert_eq!(mode(&p).unwrap(), 0o600);
         assert_eq!(read_key32(&p).unwrap(), [7u8; 32]);
+    }
+
+    #[test]
+    fn a_planted_symlink_is_replaced_not_followed_and_no_temporary_file_remains() {
+        let dir = tempfile::tempdir().unwrap();
+        let victim = dir.path().join("victim");
+        std::fs::write(&victim, b"keep me").unwrap();
+        let p = dir.path().join("node.key");
+        std::os::unix::fs::symlink(&victim, &p).unwrap();
+        write_secret(&p, b"secret").unwrap();
+        assert_eq!(std::fs::read(&victim).unwrap(), b"keep me");
+        assert!(!std::fs::symlink_metadata(&p)
+            .unwrap()
+            .file_type()
+            .is_symlink());
+        assert_eq!(mode(&p).unwrap(), 0o600);
+        let left: Vec<_> = std::fs::read_dir(dir.path())
+            .unwrap()
+            .filter_map(|e| e.ok())
+            .filter(|e| e.file_name().to_string_lossy().ends_with(".tmp"))
+            .collect();
+        assert!(left.is_empty(), "{left:?}");
+        // An existing world-readable file is replaced by one with the mode asked for.
+        let q = dir.path().join("old.key");
+        std::fs::write(&q, b"x").unwrap();
+        std::fs::set_permissions(&q, fs::Permissions::from_mode(0o666)).unwrap();
+        write_secret(&q, b"y").unwrap();
+        assert_eq!(mode(&q).unwrap(), 0o600);
     }
 
     #[test]

@@ -59,12 +59,11 @@ use rustls::{
     ClientConfig, NamedGroup, RootCertStore, ServerConfig, SignatureAlgorithm, SignatureScheme,
 };
 use std::fmt;
-use std::io::Write;
 use std::path::Path;
 use std::sync::{Arc, Mutex};
-use transport_core::device_name;
 use transport_core::Counters;
 use transport_core::TransportError;
+use transport_core::{device_name, keys};
 
 /// The name the server certificate is issued for, and the name every client checks (whatever address it dials).
 pub const SERVER_NAME: &str = "localhost";
@@ -160,23 +159,10 @@ impl Authority {
     }
 }
 
-/// Write a file whole: a temporary file beside it (mode 0600 for secrets), then a rename, so a reader never sees
-/// half a file.
+/// Write a file whole (mode 0600 for secrets), never through a planted symlink ([`keys::write_atomic`]).
 fn write_file(path: &Path, data: &[u8], secret: bool) -> Result<(), TransportError> {
-    let tmp = path.with_extension("tmp");
-    let mut options = std::fs::OpenOptions::new();
-    options.write(true).create(true).truncate(true);
-    #[cfg(unix)]
-    {
-        use std::os::unix::fs::OpenOptionsExt;
-        options.mode(if secret { 0o600 } else { 0o644 });
-    }
-    let mut file = options.open(&tmp)?;
-    file.write_all(data)?;
-    file.sync_all()?;
-    drop(file);
-    std::fs::rename(&tmp, path)?;
-    Ok(())
+    keys::write_atomic(path, data, if secret { 0o600 } else { 0o644 })
+        .map_err(|e| TransportError::Identity(e.to_string()))
 }
 
 /// Generate the PKI of a run into `dir`: the CA, the server's certificate and key, and the credentials of devices
