@@ -18,9 +18,10 @@
 //!   no code of ours runs at all.
 
 use serde::{Deserialize, Serialize};
-use std::collections::BTreeSet;
+use std::collections::BTreeMap;
 use std::io;
 use std::net::SocketAddr;
+use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
 use std::os::unix::process::ExitStatusExt;
 use std::process::{ExitStatus, Stdio};
 use std::sync::{Mutex, MutexGuard, TryLockError};
@@ -136,16 +137,28 @@ pub enum ProcessError {
     Cleanup(io::Error),
 }
 
-/// The pids of live children (started and not yet reaped), for the signal handler and the panic hook.
-static LIVE: Mutex<BTreeSet<u32>> = Mutex::new(BTreeSet::new());
+/// Live children (started and not yet reaped), for the signal handler and the panic hook: each pid with, where the
+/// kernel has them (Linux 5.3 and later), a pidfd. A pidfd names that one process, so a signal sent through it can
+/// never reach another process that was given the same pid after ours was reaped; without one, the pid is signalled
+/// and the registry relies on every pid leaving it before its child is reaped.
+static LIVE: Mutex<BTreeMap<u32, Option<OwnedFd>>> = Mutex::new(BTreeMap::new());
 
-fn live() -> MutexGuard<'static, BTreeSet<u32>> {
+fn live() -> MutexGuard<'static, BTreeMap<u32, Option<OwnedFd>>> {
     // Nothing panics while holding the lock; a poisoned set is still the right set.
     LIVE.lock().unwrap_or_else(|p| p.into_inner())
 }
 
+/// A pidfd for `pid` (our unreaped child, so it is still ours), or `None` where the kernel has no pidfd_open.
+fn pidfd_open(pid: u32) -> Option<OwnedFd> {
+    // SAFETY: pidfd_open takes a pid and flags and returns a new file descriptor or -1; nothing else is touched.
+    let fd = unsafe { libc::syscall(libc::SYS_pidfd_open, pid as libc::pid_t, 0) };
+    // SAFETY: a non-negative result is a new descriptor that nothing else owns.
+    (fd >= 0).then(|| unsafe { OwnedFd::from_raw_fd(fd as i32) })
+}
+
 fn register(pid: u32) {
-    live().insert(pid);
+    let fd = pidfd_open(pid);
+    live().insert(pid, fd);
 }
 
 fn unregister(pid: u32) {
@@ -154,13 +167,28 @@ fn unregister(pid: u32) {
 
 /// The pids of the server processes started and not yet killed, shut down or dropped.
 pub fn live_pids() -> Vec<u32> {
-    live().iter().copied().collect()
+    live().keys().copied().collect()
 }
 
-fn kill_all(live: &BTreeSet<u32>) {
-    for &pid in live {
-        // SAFETY: kill has no memory effects. The pids are our unreaped children, so none can have been reused.
-        unsafe { libc::kill(pid as libc::pid_t, libc::SIGKILL) };
+fn kill_all(live: &BTreeMap<u32, Option<OwnedFd>>) {
+    for (&pid, fd) in live {
+        match fd {
+            // SAFETY: pidfd_send_signal with a valid pidfd, no siginfo and no flags has no memory effects; it fails
+            // harmlessly (ESRCH) if the process is already gone.
+            Some(fd) => unsafe {
+                libc::syscall(
+                    libc::SYS_pidfd_send_signal,
+                    fd.as_raw_fd(),
+                    libc::SIGKILL,
+                    std::ptr::null::<libc::siginfo_t>(),
+                    0,
+                );
+            },
+            // SAFETY: kill has no memory effects. The pid is our unreaped child (see `LIVE`).
+            None => unsafe {
+                libc::kill(pid as libc::pid_t, libc::SIGKILL);
+            },
+        }
     }
 }
 
@@ -574,5 +602,35 @@ fn kill_on_panic() {
             Err(TryLockError::Poisoned(p)) => return kill_all(&p.into_inner()),
             Err(TryLockError::WouldBlock) => std::thread::sleep(Duration::from_millis(1)),
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::os::unix::process::ExitStatusExt;
+
+    #[test]
+    fn the_registry_signals_through_a_pidfd() {
+        let mut child = std::process::Command::new("sleep")
+            .arg("30")
+            .spawn()
+            .unwrap();
+        let pid = child.id();
+        register(pid);
+        let has_pidfd = live().get(&pid).is_some_and(|fd| fd.is_some());
+        // Signal through the registry, as the cleanup does, before anything reaps the child.
+        let one: BTreeMap<u32, Option<OwnedFd>> = live()
+            .remove(&pid)
+            .into_iter()
+            .map(|fd| (pid, fd))
+            .collect();
+        kill_all(&one);
+        let status = child.wait().unwrap();
+        assert_eq!(status.signal(), Some(libc::SIGKILL));
+        // Every kernel this suite runs on has pidfd_open (Linux 5.3+); if this fails, signals go by pid.
+        assert!(has_pidfd, "no pidfd for a live child");
+        // A reaped child's pidfd refers to nothing: signalling it again is a harmless no-op.
+        kill_all(&one);
     }
 }
