@@ -515,6 +515,13 @@ async fn nothing_is_lost_or_doubled_across_a_broker_restart() {
         send_round(seq, &mut made);
     }
     let handshakes_before = server_counters.snapshot().handshakes;
+    // The aborted listener task is dropped by the runtime a moment later; wait until its port is free again.
+    for _ in 0..200 {
+        if std::net::TcpListener::bind(addr).is_ok() {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
     let (server, ready, store) = start(addr);
     assert_eq!(ready.await.unwrap().addr, addr);
     while stored.len() < made.len() {
@@ -572,4 +579,73 @@ async fn the_plaintext_listener_takes_the_client_id_as_given() {
     c.send(&order_publish(&order(7, 0), 7, 2)).await.unwrap();
     assert!(closed_within(&mut c, 2 * SECOND).await);
     assert_eq!(b.counters.snapshot().handshakes, 0);
+    // Nor under dev-7's own name: a plaintext client has no verified identity, so no order sink.
+    let tcp = tokio::net::TcpStream::connect(b.plain.unwrap())
+        .await
+        .unwrap();
+    let mut c = transport_mqtt::client::MqttStream::new(tcp);
+    c.connect(connect_packet("dev-7", true, 0)).await.unwrap();
+    c.send(&order_publish(&order(7, 0), 7, 2)).await.unwrap();
+    assert!(closed_within(&mut c, 2 * SECOND).await);
+    assert!(read_log(&b.store_dir()).unwrap().is_empty());
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn keepalive_0_does_not_let_a_client_idle_for_ever() {
+    let mut config = quick_config();
+    config.max_idle = SECOND;
+    let b = TestBroker::start(4, config, false).await;
+    let started = Instant::now();
+    let mut idle = b.connected(2, true, 0).await;
+    assert!(closed_within(&mut idle, 4 * SECOND).await);
+    assert!(started.elapsed() >= Duration::from_millis(900));
+    assert_eq!(b.broker.stats().clients_connected, 0);
+    // Clients that keep talking are served.
+    let mut w = Witness::new(&b).await;
+    w.still_works().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_client_that_stops_reading_is_closed_after_the_write_timeout() {
+    let mut config = quick_config();
+    config.write_timeout = SECOND;
+    config.limits.max_queued_qos0 = 100_000;
+    config.limits.max_queued_bytes = 1 << 30;
+    let b = TestBroker::start(4, config, false).await;
+    let mut deaf = b.connected(2, true, 0).await;
+    let sub = Subscribe {
+        packet_id: pid(1),
+        filters: vec![("flood".into(), QoS::AtMostOnce)],
+    };
+    deaf.send(&Packet::Subscribe(sub)).await.unwrap();
+    assert!(matches!(
+        recv_within(&mut deaf, SECOND).await.unwrap(),
+        Packet::SubAck(_)
+    ));
+    // 48 MiB for a client that reads nothing: more than the socket buffers hold, so its writer stalls.
+    let mut flood = b.connected(3, true, 0).await;
+    let payload = Bytes::from(vec![0x55; 16 * 1024]);
+    let mut batch = BytesMut::new();
+    for _ in 0..64 {
+        publish("flood", QoS::AtMostOnce, 0, payload.clone())
+            .encode(&mut batch)
+            .unwrap();
+    }
+    for _ in 0..48 {
+        flood.send_raw(&batch).await.unwrap();
+    }
+    let mut detached = false;
+    for _ in 0..100 {
+        if b.broker.stats().clients_connected == 1 {
+            detached = true;
+            break;
+        }
+        tokio::time::sleep(SECOND / 10).await;
+    }
+    assert!(detached, "the deaf client's session is still attached");
+    flood.send(&Packet::PingReq).await.unwrap();
+    assert_eq!(
+        recv_within(&mut flood, SECOND).await.unwrap(),
+        Packet::PingResp
+    );
 }

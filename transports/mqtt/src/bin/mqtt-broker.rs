@@ -61,6 +61,9 @@ struct Opt {
     /// Seconds from accepting a connection to its CONNECT (TLS handshake included).
     #[arg(long)]
     connect_timeout: Option<u64>,
+    /// Seconds a connected client may stay silent whatever its keepalive (keepalive 0 included).
+    #[arg(long)]
+    max_idle: Option<u64>,
     /// Seconds between $SYS publications.
     #[arg(long)]
     sys_interval: Option<u64>,
@@ -82,6 +85,7 @@ impl Opt {
             .connect_timeout
             .map(Duration::from_secs)
             .unwrap_or(c.connect_timeout);
+        c.max_idle = self.max_idle.map(Duration::from_secs).unwrap_or(c.max_idle);
         c.sys_interval = self
             .sys_interval
             .map(Duration::from_secs)

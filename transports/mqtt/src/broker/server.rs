@@ -41,6 +41,11 @@ pub struct BrokerConfig {
     pub max_connections: usize,
     /// Time from accepting a connection to its CONNECT (the TLS handshake included).
     pub connect_timeout: Duration,
+    /// The longest a connected client may stay silent, whatever its keepalive (0 included).
+    pub max_idle: Duration,
+    /// The longest one write to a client may make no progress (a client that stops reading); then the connection
+    /// is closed.
+    pub write_timeout: Duration,
     /// How often `$SYS/broker/...` is published.
     pub sys_interval: Duration,
     /// Bytes of deliveries a writer gathers into one write.
@@ -54,6 +59,8 @@ impl Default for BrokerConfig {
             max_packet_size: 1 << 20,
             max_connections: 50_000,
             connect_timeout: Duration::from_secs(10),
+            max_idle: Duration::from_secs(900),
+            write_timeout: Duration::from_secs(30),
             sys_interval: Duration::from_secs(10),
             write_batch: 64 * 1024,
         }
@@ -327,6 +334,7 @@ where
         identity,
         opened.into_std(),
         shared.config.connect_timeout,
+        shared.config.max_idle,
         shared.counters.clone(),
     );
     let reason = read_loop(&shared, &mut conn, rd, &control, &signal).await;
@@ -379,19 +387,21 @@ async fn read_loop<R: AsyncRead + Unpin>(
         if buf.capacity() - buf.len() < 1024 {
             buf.reserve(8192);
         }
-        let deadline = conn.deadline().map(Instant::from_std);
+        let deadline = Instant::from_std(conn.deadline());
         tokio::select! {
             read = rd.read_buf(&mut buf) => match read {
                 Ok(0) => return Close::Eof,
                 Ok(_) => {}
                 Err(e) => return Close::Lost(e.to_string()),
             },
-            _ = sleep_until(deadline) => {
+            _ = tokio::time::sleep_until(deadline) => {
                 if let Some(close) = conn.handle_timeout(std::time::Instant::now()) {
                     return close;
                 }
             }
             _ = signal.kick.notified() => return Close::TakenOver,
+            // The writer gave up on a client that stopped reading.
+            _ = control.closed() => return Close::Lost("write stalled".into()),
         }
     }
 }
@@ -465,6 +475,7 @@ async fn write_loop<W: AsyncWrite + Unpin>(
     signal: Arc<Signal>,
 ) {
     let batch = shared.config.write_batch;
+    let stall = shared.config.write_timeout;
     let mut buf = BytesMut::with_capacity(4096);
     let mut carried: Option<Bytes> = None;
     let mut connack_written = false;
@@ -489,7 +500,9 @@ async fn write_loop<W: AsyncWrite + Unpin>(
             shared.with_state(|s| s.poll_transmit(id, &mut buf, batch));
         }
         if !buf.is_empty() {
-            if wr.write_all(&buf).await.is_err() || wr.flush().await.is_err() {
+            let write = async { wr.write_all(&buf).await.and(wr.flush().await) };
+            // A client that stops reading would otherwise hold this task, and its session, for ever.
+            if !matches!(tokio::time::timeout(stall, write).await, Ok(Ok(()))) {
                 return;
             }
             connack_written |= has_control;
@@ -507,11 +520,4 @@ async fn write_loop<W: AsyncWrite + Unpin>(
         }
     }
     let _ = tokio::time::timeout(CLOSE_GRACE, wr.shutdown()).await;
-}
-
-async fn sleep_until(at: Option<Instant>) {
-    match at {
-        Some(at) => tokio::time::sleep_until(at).await,
-        None => std::future::pending().await,
-    }
 }

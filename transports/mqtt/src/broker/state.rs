@@ -7,15 +7,25 @@
 //! encoded PUBLISH packets with [`Broker::poll_transmit`].
 //!
 //! Bounds (see [`SessionLimits`]): a session's queue holds at most `max_queued_qos0` QoS 0 and `max_queued_qos1`
-//! QoS 1 messages not yet written; beyond that a new message for it is dropped and counted (the connection is
-//! kept). At most `max_inflight` QoS 1 messages per session await their PUBACK; the rest wait in the queue. A
+//! QoS 1 messages, and `max_queued_bytes` of topics and payloads, not yet written; beyond that a new message for it
+//! is dropped and counted (the connection is kept). At most `max_inflight` QoS 1 messages per session await their PUBACK; the rest wait in the queue. A
 //! persistent session whose client is away keeps its QoS 1 messages (queued and in flight, re-sent with DUP when the
-//! client returns) and does not queue QoS 0 ones, as section 3.1.2.4 allows.
+//! client returns) and does not queue QoS 0 ones, as section 3.1.2.4 allows. At most `max_sessions` sessions exist
+//! at once; a CONNECT that would create one more is refused with return code 3 (server unavailable). Retained
+//! messages are bounded by count (`max_retained`) and by bytes of topic and payload (`max_retained_bytes`); a
+//! retained PUBLISH that would pass either is routed but not retained.
+//!
+//! Sessions are named by [`ClientKey`]: a verified identity (the TLS certificate's name) and a client identifier
+//! given over the plaintext listener are different names even when the text is the same, so a plaintext client can
+//! never resume, take over or read a TLS device's session.
 
-use crate::codec::{encode_publish, LastWill, PacketId, QoS, SubAck, SubscribeReturnCode};
-use crate::topic::{self, SubscriptionTree};
+use crate::codec::{
+    encode_publish, ConnectReturnCode, LastWill, PacketId, QoS, SubAck, SubscribeReturnCode,
+};
+use crate::topic::{self, RetainedTree, SubscriptionTree};
 use bytes::{Bytes, BytesMut};
 use std::collections::{HashMap, VecDeque};
+use std::ops::ControlFlow;
 use std::sync::Arc;
 use std::time::Instant;
 use transport_core::Counters;
@@ -26,6 +36,34 @@ pub struct ConnId(pub u64);
 
 type SessionKey = u32;
 
+/// The name a session is kept under: the client identifier and whether it is a verified identity (a TLS client
+/// certificate's name) or was given by a client of the plaintext listener. The two never meet.
+#[derive(Debug, Clone, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct ClientKey {
+    /// The identity comes from a verified certificate.
+    pub verified: bool,
+    /// The client identifier.
+    pub id: Arc<str>,
+}
+
+impl ClientKey {
+    /// A TLS client's verified identity.
+    pub fn verified(id: &str) -> Self {
+        ClientKey {
+            verified: true,
+            id: id.into(),
+        }
+    }
+
+    /// A client identifier given over the plaintext listener.
+    pub fn plaintext(id: &str) -> Self {
+        ClientKey {
+            verified: false,
+            id: id.into(),
+        }
+    }
+}
+
 /// The bounds of one session.
 #[derive(Debug, Clone)]
 pub struct SessionLimits {
@@ -33,12 +71,19 @@ pub struct SessionLimits {
     pub max_queued_qos0: usize,
     /// QoS 1 messages queued and not yet sent (connected or not); more are dropped.
     pub max_queued_qos1: usize,
+    /// Bytes of topics and payloads queued for one session and not yet sent; more are dropped.
+    pub max_queued_bytes: usize,
     /// QoS 1 messages sent and awaiting PUBACK.
     pub max_inflight: usize,
     /// Subscriptions one session may hold; a SUBSCRIBE beyond gets return code 0x80 for the extra filters.
     pub max_subscriptions: usize,
     /// Retained messages the broker keeps; a retained PUBLISH to a new topic beyond is routed but not retained.
     pub max_retained: usize,
+    /// Bytes of topics and payloads of the retained messages; a retained PUBLISH that would pass it is routed but
+    /// not retained.
+    pub max_retained_bytes: usize,
+    /// Sessions held at once, connected or not; a CONNECT that needs a new one beyond is refused (return code 3).
+    pub max_sessions: usize,
 }
 
 impl Default for SessionLimits {
@@ -46,9 +91,12 @@ impl Default for SessionLimits {
         SessionLimits {
             max_queued_qos0: 1000,
             max_queued_qos1: 1000,
+            max_queued_bytes: 16 << 20,
             max_inflight: 32,
             max_subscriptions: 1000,
             max_retained: 100_000,
+            max_retained_bytes: 64 << 20,
+            max_sessions: 100_000,
         }
     }
 }
@@ -68,6 +116,8 @@ pub struct Stats {
     pub messages_dropped: u64,
     /// Retained messages held.
     pub retained: u64,
+    /// Bytes of topic and payload of the retained messages.
+    pub retained_bytes: u64,
     /// Subscriptions held.
     pub subscriptions: u64,
 }
@@ -78,6 +128,13 @@ struct Message {
     topic: Arc<str>,
     payload: Bytes,
     qos: QoS,
+}
+
+impl Message {
+    /// What it costs to keep: topic and payload.
+    fn size(&self) -> usize {
+        self.topic.len() + self.payload.len()
+    }
 }
 
 /// One message waiting in a session.
@@ -91,7 +148,7 @@ struct Queued {
 
 #[derive(Debug)]
 struct Session {
-    client_id: Arc<str>,
+    client_id: ClientKey,
     clean: bool,
     conn: Option<ConnId>,
     will: Option<LastWill>,
@@ -99,6 +156,7 @@ struct Session {
     queue: VecDeque<Queued>,
     queued_qos0: usize,
     queued_qos1: usize,
+    queued_bytes: usize,
     /// QoS 1 messages sent (or to be sent again) awaiting PUBACK, in the order they were first sent.
     inflight: VecDeque<(PacketId, Queued)>,
     /// How many of `inflight` were written on the current connection; the rest are re-sent with DUP.
@@ -114,7 +172,7 @@ enum Enqueued {
 }
 
 impl Session {
-    fn new(client_id: Arc<str>, clean: bool) -> Self {
+    fn new(client_id: ClientKey, clean: bool) -> Self {
         Session {
             client_id,
             clean,
@@ -124,6 +182,7 @@ impl Session {
             queue: VecDeque::new(),
             queued_qos0: 0,
             queued_qos1: 0,
+            queued_bytes: 0,
             inflight: VecDeque::new(),
             inflight_sent: 0,
             last_packet_id: 0,
@@ -132,8 +191,14 @@ impl Session {
     }
 
     fn enqueue(&mut self, item: Queued, limits: &SessionLimits) -> Enqueued {
+        let size = item.msg.size();
+        if item.qos == QoS::AtMostOnce && self.conn.is_none() {
+            return Enqueued::NotQueued;
+        }
+        if self.queued_bytes + size > limits.max_queued_bytes {
+            return Enqueued::Dropped;
+        }
         match item.qos {
-            QoS::AtMostOnce if self.conn.is_none() => return Enqueued::NotQueued,
             QoS::AtMostOnce if self.queued_qos0 >= limits.max_queued_qos0 => {
                 return Enqueued::Dropped
             }
@@ -141,6 +206,7 @@ impl Session {
             _ if self.queued_qos1 >= limits.max_queued_qos1 => return Enqueued::Dropped,
             _ => self.queued_qos1 += 1,
         }
+        self.queued_bytes += size;
         self.queue.push_back(item);
         Enqueued::Queued
     }
@@ -169,10 +235,11 @@ pub struct Broker {
     counters: Arc<Counters>,
     sessions: Vec<Option<Session>>,
     free: Vec<SessionKey>,
-    by_client: HashMap<Arc<str>, SessionKey>,
+    by_client: HashMap<ClientKey, SessionKey>,
     by_conn: HashMap<ConnId, SessionKey>,
     tree: SubscriptionTree<SessionKey>,
-    retained: HashMap<Arc<str>, Message>,
+    retained: RetainedTree<Message>,
+    retained_bytes: usize,
     stats: Stats,
     wakes: Vec<(ConnId, SessionKey)>,
     kicked: Vec<ConnId>,
@@ -191,7 +258,8 @@ impl Broker {
             by_client: HashMap::new(),
             by_conn: HashMap::new(),
             tree: SubscriptionTree::new(),
-            retained: HashMap::new(),
+            retained: RetainedTree::new(),
+            retained_bytes: 0,
             stats: Stats::default(),
             wakes: Vec::new(),
             kicked: Vec::new(),
@@ -210,6 +278,7 @@ impl Broker {
         Stats {
             sessions: self.by_client.len() as u64,
             retained: self.retained.len() as u64,
+            retained_bytes: self.retained_bytes as u64,
             subscriptions: self.tree.len() as u64,
             ..self.stats
         }
@@ -230,22 +299,24 @@ impl Broker {
     /// Attach `conn` to the session of `client_id`, creating, resuming or (with `clean`) replacing it; a connection
     /// already attached to that session is detached as if it had dropped (its will is published) and listed in
     /// [`Broker::drain_kicked`] [MQTT-3.1.4-2]. Returns whether a stored session was resumed (CONNACK's session
-    /// present flag). The client identifier has been checked by the caller.
+    /// present flag), or the return code refusing the CONNECT when it would create a session beyond
+    /// `max_sessions`. The client identifier has been checked by the caller.
     pub fn connect(
         &mut self,
         conn: ConnId,
-        client_id: &str,
+        client_id: &ClientKey,
         clean: bool,
         will: Option<LastWill>,
-    ) -> bool {
-        if let Some(old) = self
-            .by_client
-            .get(client_id)
-            .and_then(|&k| self.sessions[k as usize].as_ref()?.conn)
-        {
+    ) -> Result<bool, ConnectReturnCode> {
+        let existing = self.by_client.get(client_id).copied();
+        if existing.is_none() && self.by_client.len() >= self.limits.max_sessions {
+            return Err(ConnectReturnCode::ServerUnavailable);
+        }
+        if let Some(old) = existing.and_then(|k| self.sessions[k as usize].as_ref()?.conn) {
             self.kicked.push(old);
             self.disconnect(old, false);
         }
+        // The takeover may have ended a clean session.
         let existing = self.by_client.get(client_id).copied();
         let key = match existing {
             Some(key) if !clean => key,
@@ -253,8 +324,7 @@ impl Broker {
                 if let Some(key) = existing {
                     self.remove_session(key);
                 }
-                let id: Arc<str> = client_id.into();
-                let session = Session::new(id.clone(), clean);
+                let session = Session::new(client_id.clone(), clean);
                 let key = match self.free.pop() {
                     Some(k) => {
                         self.sessions[k as usize] = Some(session);
@@ -265,7 +335,7 @@ impl Broker {
                         (self.sessions.len() - 1) as SessionKey
                     }
                 };
-                self.by_client.insert(id, key);
+                self.by_client.insert(client_id.clone(), key);
                 key
             }
         };
@@ -282,7 +352,7 @@ impl Broker {
         if wake {
             self.wake(key);
         }
-        present
+        Ok(present)
     }
 
     /// Detach `conn`: a clean session ends; a persistent one keeps its subscriptions and QoS 1 messages. Unless the
@@ -302,6 +372,7 @@ impl Broker {
         } else {
             s.queue.retain(|q| q.qos != QoS::AtMostOnce);
             s.queued_qos0 = 0;
+            s.queued_bytes = s.queue.iter().map(|q| q.msg.size()).sum();
             s.inflight_sent = 0;
         }
         if let (false, Some(w)) = (graceful, will) {
@@ -338,13 +409,7 @@ impl Broker {
             qos: qos.min(QoS::AtLeastOnce),
         };
         if retain {
-            if msg.payload.is_empty() {
-                self.retained.remove(topic);
-            } else if self.retained.len() < self.limits.max_retained
-                || self.retained.contains_key(topic)
-            {
-                self.retained.insert(msg.topic.clone(), msg.clone());
-            }
+            self.retain(&msg);
         }
         let mut matches = std::mem::take(&mut self.scratch);
         self.tree.matching(topic, &mut matches);
@@ -359,19 +424,40 @@ impl Broker {
         self.scratch = matches;
     }
 
-    fn deliver(&mut self, key: SessionKey, item: Queued) {
+    /// Keep `msg` as its topic's retained message, or (empty payload) remove the one kept; a message that would pass
+    /// the count or byte bound is not kept (the old one stays).
+    fn retain(&mut self, msg: &Message) {
+        let old = self.retained.get(&msg.topic).map(Message::size);
+        if msg.payload.is_empty() {
+            if self.retained.remove(&msg.topic).is_some() {
+                self.retained_bytes -= old.unwrap_or(0);
+            }
+            return;
+        }
+        let bytes = self.retained_bytes - old.unwrap_or(0) + msg.size();
+        let count = self.retained.len() + usize::from(old.is_none());
+        if bytes <= self.limits.max_retained_bytes && count <= self.limits.max_retained {
+            self.retained.insert(&msg.topic, msg.clone());
+            self.retained_bytes = bytes;
+        }
+    }
+
+    /// Queue `item` for the session; false if it was dropped because the session's queue is full.
+    fn deliver(&mut self, key: SessionKey, item: Queued) -> bool {
         let limits = &self.limits;
         let Some(s) = self.sessions[key as usize].as_mut() else {
-            return;
+            return false;
         };
         match s.enqueue(item, limits) {
             Enqueued::Queued => self.wake(key),
             Enqueued::Dropped => {
                 self.stats.messages_dropped += 1;
                 Counters::inc(&self.counters.dropped);
+                return false;
             }
             Enqueued::NotQueued => {}
         }
+        true
     }
 
     fn wake(&mut self, key: SessionKey) {
@@ -397,8 +483,11 @@ impl Broker {
         out.append(&mut self.kicked);
     }
 
-    /// Add or replace `conn`'s subscriptions; the maximum QoS granted is 1. Matching retained messages are queued
-    /// with RETAIN 1 [MQTT-3.3.1-6, MQTT-3.3.1-8]. `None` if `conn` is not attached.
+    /// Add or replace `conn`'s subscriptions; the maximum QoS granted is 1. A filter of more than
+    /// [`topic::MAX_LEVELS`] levels, or one past the session's subscription bound, gets 0x80. Then the retained
+    /// messages matching each distinct filter granted are queued once, with RETAIN 1 [MQTT-3.3.1-6, MQTT-3.3.1-8],
+    /// found through the retained tree; a filter's search stops when the session's queue is full. `None` if `conn`
+    /// is not attached.
     pub fn subscribe(
         &mut self,
         conn: ConnId,
@@ -407,10 +496,16 @@ impl Broker {
     ) -> Option<SubAck> {
         let key = *self.by_conn.get(&conn)?;
         let mut return_codes = Vec::with_capacity(filters.len());
+        // Filters granted, each once, with the QoS its last occurrence got.
+        let mut granted_filters: Vec<(&str, QoS)> = Vec::new();
         for (filter, requested) in filters {
             let granted = (*requested).min(QoS::AtLeastOnce);
             let max = self.limits.max_subscriptions;
             let s = self.session(key);
+            if !topic::within_level_cap(filter) {
+                return_codes.push(SubscribeReturnCode::Failure);
+                continue;
+            }
             match s.subscriptions.iter().position(|(f, _)| **f == **filter) {
                 Some(i) => s.subscriptions[i].1 = granted,
                 None if s.subscriptions.len() >= max => {
@@ -421,24 +516,53 @@ impl Broker {
             }
             self.tree.insert(filter, key, granted);
             return_codes.push(SubscribeReturnCode::Granted(granted));
-            let retained: Vec<Queued> = self
-                .retained
-                .values()
-                .filter(|m| topic::matches(filter, &m.topic))
-                .map(|m| Queued {
-                    msg: m.clone(),
-                    qos: m.qos.min(granted),
-                    retain: true,
-                })
-                .collect();
-            for item in retained {
-                self.deliver(key, item);
+            match granted_filters.iter_mut().find(|(f, _)| *f == filter) {
+                Some(entry) => entry.1 = granted,
+                None => granted_filters.push((filter, granted)),
             }
+        }
+        for (filter, granted) in granted_filters {
+            self.deliver_retained(key, filter, granted);
         }
         Some(SubAck {
             packet_id,
             return_codes,
         })
+    }
+
+    /// Queue the retained messages matching `filter` for the session, until its queue is full.
+    fn deliver_retained(&mut self, key: SessionKey, filter: &str, granted: QoS) {
+        let mut found = Vec::new();
+        let limits = &self.limits;
+        let Some(s) = self.sessions[key as usize].as_ref() else {
+            return;
+        };
+        // Room left, so the search stops where further messages would only be dropped.
+        let mut room_qos0 = limits.max_queued_qos0.saturating_sub(s.queued_qos0);
+        let mut room_qos1 = limits.max_queued_qos1.saturating_sub(s.queued_qos1);
+        let mut room_bytes = limits.max_queued_bytes.saturating_sub(s.queued_bytes);
+        self.retained.for_each_match(filter, |m| {
+            let qos = m.qos.min(granted);
+            let room = if qos == QoS::AtMostOnce {
+                &mut room_qos0
+            } else {
+                &mut room_qos1
+            };
+            if *room == 0 || room_bytes < m.size() {
+                return ControlFlow::Break(());
+            }
+            *room -= 1;
+            room_bytes -= m.size();
+            found.push(Queued {
+                msg: m.clone(),
+                qos,
+                retain: true,
+            });
+            ControlFlow::Continue(())
+        });
+        for item in found {
+            self.deliver(key, item);
+        }
     }
 
     /// Remove `conn`'s subscriptions to `filters` (absent ones are ignored); false if `conn` is not attached.
@@ -509,6 +633,7 @@ impl Broker {
             let Some(q) = s.queue.pop_front() else {
                 break;
             };
+            s.queued_bytes -= q.msg.size();
             let packet_id = match q.qos {
                 QoS::AtMostOnce => {
                     s.queued_qos0 -= 1;

@@ -1,6 +1,8 @@
 //! What the integration tests share: a broker on 127.0.0.1 port 0 with a fresh PKI and store, and TLS clients.
 #![allow(dead_code)]
 
+pub mod process;
+
 use std::net::SocketAddr;
 use std::path::PathBuf;
 use std::sync::Arc;

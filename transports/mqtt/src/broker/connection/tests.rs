@@ -34,6 +34,7 @@ impl Pair {
             identity.map(String::from),
             self.t0,
             Duration::from_secs(10),
+            Duration::from_secs(600),
             self.counters.clone(),
         )
     }
@@ -54,6 +55,17 @@ impl Pair {
         let (out, r) = self.handle(c, p, at);
         assert_eq!(r, Ok(()));
         out
+    }
+}
+
+fn connect_packet_of(client_id: &str) -> Connect {
+    Connect {
+        clean_session: true,
+        keep_alive: 0,
+        client_id: client_id.into(),
+        will: None,
+        username: None,
+        password: None,
     }
 }
 
@@ -217,13 +229,13 @@ fn another_protocol_level_gets_return_code_1() {
 fn connect_timeout_and_keepalive_at_one_and_a_half_periods() {
     let mut t = Pair::new();
     let c = t.conn(1, Some("dev-1"));
-    assert_eq!(c.deadline(), Some(t.at(10.0)));
+    assert_eq!(c.deadline(), t.at(10.0));
     assert_eq!(c.handle_timeout(t.at(9.9)), None);
     assert_eq!(c.handle_timeout(t.at(10.0)), Some(Close::ConnectTimeout));
 
     let mut c = t.conn(2, Some("dev-1"));
     t.ok(&mut c, connect("dev-1", true, 10), 1.0);
-    assert_eq!(c.deadline(), Some(t.at(16.0)));
+    assert_eq!(c.deadline(), t.at(16.0));
     assert_eq!(c.handle_timeout(t.at(15.9)), None);
     let (out, _) = t.handle(&mut c, Packet::PingReq, 12.0);
     assert_eq!(out, [Action::Send(Packet::PingResp)]);
@@ -232,7 +244,17 @@ fn connect_timeout_and_keepalive_at_one_and_a_half_periods() {
 
     let mut c = t.conn(3, Some("dev-3"));
     t.ok(&mut c, connect("dev-3", true, 0), 1.0);
-    assert_eq!(c.deadline(), None, "keepalive 0: no timeout");
+    assert_eq!(
+        c.deadline(),
+        t.at(601.0),
+        "keepalive 0: the broker's max_idle applies"
+    );
+    assert_eq!(c.handle_timeout(t.at(601.0)), Some(Close::KeepaliveExpired));
+
+    // A keepalive whose 1.5 periods exceed max_idle is held to max_idle.
+    let mut c = t.conn(4, Some("dev-4"));
+    t.ok(&mut c, connect("dev-4", true, 65_535), 1.0);
+    assert_eq!(c.deadline(), t.at(601.0));
 }
 
 #[test]
@@ -336,5 +358,82 @@ fn publishes_are_acknowledged_and_dollar_topics_not_routed() {
         t.broker.poll_transmit(ConnId(1), &mut buf, usize::MAX),
         0,
         "a client cannot publish into $SYS"
+    );
+}
+
+#[test]
+fn wills_obey_the_rules_a_publish_obeys() {
+    let mut t = Pair::new();
+    let deep = vec!["w"; topic::MAX_LEVELS + 1].join("/");
+    for (n, topic) in [
+        (1, "$SYS/broker/uptime"),
+        (2, "orders/dev-1"),
+        (3, deep.as_str()),
+    ] {
+        let mut c = t.conn(n, Some("dev-1"));
+        let p = Packet::Connect(Connect {
+            will: Some(LastWill {
+                topic: topic.into(),
+                message: Bytes::from_static(b"x"),
+                qos: QoS::AtLeastOnce,
+                retain: true,
+            }),
+            ..connect_packet_of("dev-1")
+        });
+        let (out, r) = t.handle(&mut c, p, 0.0);
+        assert_eq!(
+            out,
+            [connack(ConnectReturnCode::NotAuthorized, false)],
+            "{topic}"
+        );
+        assert_eq!(r, Err(Close::Refused(ConnectReturnCode::NotAuthorized)));
+    }
+    assert_eq!(t.broker.stats().sessions, 0);
+}
+
+#[test]
+fn a_plaintext_client_cannot_place_orders_even_under_a_device_name() {
+    let mut t = Pair::new();
+    let mut c = t.conn(1, None);
+    t.ok(&mut c, connect("dev-4", true, 0), 0.0);
+    let (p, _) = order_publish("orders/dev-4", 4, 9);
+    assert_eq!(
+        t.handle(&mut c, p, 0.1).1,
+        Err(Close::OrderRefused(OrderRefusal::Unverified))
+    );
+}
+
+#[test]
+fn deep_topics_and_huge_filter_lists_close_the_connection() {
+    let mut t = Pair::new();
+    let mut c = t.conn(1, Some("d"));
+    t.ok(&mut c, connect("d", true, 0), 0.0);
+    let deep = Packet::Publish(Publish {
+        dup: false,
+        qos: QoS::AtMostOnce,
+        retain: false,
+        topic: vec!["x"; topic::MAX_LEVELS + 1].join("/"),
+        packet_id: None,
+        payload: Bytes::new(),
+    });
+    assert_eq!(t.handle(&mut c, deep, 0.0).1, Err(Close::TopicTooDeep));
+    let many = vec![("a".to_string(), QoS::AtMostOnce); MAX_FILTERS_PER_PACKET + 1];
+    let mut c = t.conn(2, Some("e"));
+    t.ok(&mut c, connect("e", true, 0), 0.0);
+    let at_cap = Packet::Subscribe(Subscribe {
+        packet_id: id(1),
+        filters: many[1..].to_vec(),
+    });
+    assert!(matches!(
+        t.ok(&mut c, at_cap, 0.0)[..],
+        [Action::Send(Packet::SubAck(_))]
+    ));
+    let over = Packet::Subscribe(Subscribe {
+        packet_id: id(2),
+        filters: many,
+    });
+    assert_eq!(
+        t.handle(&mut c, over, 0.0).1,
+        Err(Close::TooManyFilters(MAX_FILTERS_PER_PACKET + 1))
     );
 }
