@@ -446,6 +446,16 @@ async fn a_resent_order_carries_dup_and_its_first_packet_id() {
     assert_eq!((c.reconnects, c.resent), (1, 1));
 }
 
+/// Whether no process (this one included) holds the `flock` of `path`.
+fn unlocked(path: &std::path::Path) -> bool {
+    use std::os::fd::AsRawFd;
+    let Ok(f) = std::fs::File::open(path) else {
+        return true;
+    };
+    // SAFETY: flock on a descriptor we own; closing it releases the lock taken.
+    unsafe { libc::flock(f.as_raw_fd(), libc::LOCK_EX | libc::LOCK_NB) == 0 }
+}
+
 /// The restart workload in small, through the `Transport` trait: the broker is stopped in the middle of a run and
 /// started again on the same port and store; every order is stored exactly once.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -515,9 +525,11 @@ async fn nothing_is_lost_or_doubled_across_a_broker_restart() {
         send_round(seq, &mut made);
     }
     let handshakes_before = server_counters.snapshot().handshakes;
-    // The aborted listener task is dropped by the runtime a moment later; wait until its port is free again.
+    // The aborted listener task is dropped by the runtime a moment later, and the session files are closed by the
+    // session writer's thread: wait until the port and the state directory are free again.
+    let journal = store_dir.join(transport_mqtt::broker::persist::JOURNAL_FILE);
     for _ in 0..200 {
-        if std::net::TcpListener::bind(addr).is_ok() {
+        if std::net::TcpListener::bind(addr).is_ok() && unlocked(&journal) {
             break;
         }
         tokio::time::sleep(Duration::from_millis(10)).await;

@@ -4,7 +4,8 @@
 //!     mqtt-broker --identity DIR --store DIR/store --listen 127.0.0.1:8883 --plaintext 127.0.0.1:1883
 //!
 //! The identity directory holds `ca.pem`, `server.pem`, `server.key` and `devices.der` as `transport_core::tls`
-//! writes them. Orders published to `orders/<device>` go into the store at `--store` before their PUBACK.
+//! writes them. Orders published to `orders/<device>` go into the store at `--store` before their PUBACK; persistent
+//! sessions are kept in the same directory (`mqtt-sessions.snap`, `mqtt-sessions.log`).
 
 use anyhow::Context;
 use clap::Parser;
@@ -131,11 +132,24 @@ async fn run(opt: Opt) -> anyhow::Result<()> {
         eprintln!("mqtt-broker: plaintext on {}", tcp.local_addr()?);
         listeners.push(Listener { tcp, tls: None });
     }
-    let broker = RunningBroker::new(opt.config(), store.clone(), counters);
+    let mut config = opt.config();
+    config.state_dir = Some(opt.store.clone());
+    let broker = RunningBroker::new(config, store.clone(), counters)
+        .context("restoring the persistent sessions")?;
+    if let Some(r) = broker.recovery() {
+        eprintln!(
+            "mqtt-broker: sessions restored from {} ({} snapshot and {} journal records, {} torn bytes cut)",
+            opt.store.display(),
+            r.snapshot_records,
+            r.journal_records,
+            r.truncated_bytes
+        );
+    }
     tokio::select! {
-        result = broker.run(listeners) => result?,
+        result = broker.clone().run(listeners) => result?,
         _ = tokio::signal::ctrl_c() => eprintln!("mqtt-broker: stopping"),
     }
+    broker.close().await;
     store.close().await;
     Ok(())
 }

@@ -31,11 +31,20 @@
 //! A PUBLISH to `orders/<device>` carries an order body (`transport_core::framing`). It is refused (connection
 //! closed, as section 3.3.5 allows for an unauthorized PUBLISH) unless `<device>` is the connection's identity and
 //! the order's sender is that device's number; otherwise it becomes [`Action::Commit`]: the driver commits it to
-//! the store and only then sends the PUBACK, so a PUBACK means stored. Orders are not relayed to subscribers.
+//! the store and only then sends the PUBACK (QoS 1) or PUBREC (QoS 2), so either means stored. A QoS 2 order sent
+//! again before its PUBREL is committed again (the store applies it once) and answered with PUBREC again: committing
+//! costs nothing for an order already stored, and answering without committing could acknowledge an order whose
+//! first commit failed. Orders are not relayed to subscribers.
+//!
+//! # QoS 2
+//!
+//! A QoS 2 PUBLISH is delivered when it arrives and its identifier kept in the session until the client's PUBREL
+//! (section 4.3.3, the second method of figure 4.3): a copy arriving in between is answered with PUBREC and not
+//! delivered again. PUBREL is answered with PUBCOMP, whether or not the identifier was known.
 
 use super::state::{Broker, ClientKey, ConnId};
 use crate::codec::{
-    ConnAck, ConnectReturnCode, DecodeError, LastWill, Packet, PacketId, PacketType, Publish, QoS,
+    ConnAck, ConnectReturnCode, DecodeError, LastWill, Packet, PacketType, Publish, QoS,
 };
 use crate::topic;
 use std::sync::Arc;
@@ -53,15 +62,16 @@ pub const MAX_FILTERS_PER_PACKET: usize = 128;
 /// What the driver must do for the client, in order.
 #[derive(Debug, Clone, PartialEq)]
 pub enum Action {
-    /// Write this control packet (CONNACK, PUBACK, SUBACK, UNSUBACK, PINGRESP).
+    /// Write this control packet (CONNACK, PUBACK, PUBREC, PUBCOMP, SUBACK, UNSUBACK, PINGRESP).
     Send(Packet),
-    /// Commit this order to the store; then, for QoS 1, send PUBACK with this identifier. PUBACKs are sent in the
-    /// order the PUBLISH packets arrived [MQTT-4.6.0-2], so actions are carried out in order.
+    /// Commit this order to the store; then send `ack` (PUBACK for QoS 1, PUBREC for QoS 2, nothing for QoS 0).
+    /// Acknowledgements are sent in the order the PUBLISH packets arrived [MQTT-4.6.0-2, MQTT-4.6.0-3], so actions
+    /// are carried out in order.
     Commit {
         /// The order.
         order: Order,
-        /// The PUBLISH's identifier (QoS 1), or none (QoS 0).
-        packet_id: Option<PacketId>,
+        /// What answers it once stored.
+        ack: Option<Packet>,
     },
 }
 
@@ -99,10 +109,7 @@ pub enum Close {
     /// CONNECT was answered with a refusal (CONNACK sent first).
     #[error("CONNECT refused: {0:?}")]
     Refused(ConnectReturnCode),
-    /// A PUBLISH with QoS 2, which this broker does not support.
-    #[error("QoS 2 is not supported")]
-    QoS2,
-    /// A packet only a server may send, or PUBREC/PUBREL/PUBCOMP (QoS 2 flows), from the client.
+    /// A packet only a server may send, from the client.
     #[error("unexpected {0:?} from a client")]
     Unexpected(PacketType),
     /// An order PUBLISH was refused.
@@ -268,6 +275,19 @@ impl Connection {
                 broker.puback(self.id, id);
                 Ok(())
             }
+            Packet::PubRec(id) => {
+                broker.pubrec(self.id, id);
+                Ok(())
+            }
+            Packet::PubComp(id) => {
+                broker.pubcomp(self.id, id);
+                Ok(())
+            }
+            Packet::PubRel(id) => {
+                broker.released_qos2(self.id, id);
+                out.push(Action::Send(Packet::PubComp(id)));
+                Ok(())
+            }
             Packet::Subscribe(s) if s.filters.len() > MAX_FILTERS_PER_PACKET => {
                 Err(Close::TooManyFilters(s.filters.len()))
             }
@@ -293,7 +313,7 @@ impl Connection {
                 Ok(())
             }
             Packet::Disconnect => Err(Close::Disconnect),
-            // QoS 2 flows are refused at their PUBLISH; server-to-client packets are violations from a client.
+            // Server-to-client packets are violations from a client [MQTT-4.8.0-1].
             other => Err(Close::Unexpected(other.packet_type())),
         }
     }
@@ -306,9 +326,6 @@ impl Connection {
     ) -> Result<(), Close> {
         broker.note_received();
         Counters::inc(&self.counters.received);
-        if p.qos == QoS::ExactlyOnce {
-            return Err(Close::QoS2);
-        }
         if !topic::within_level_cap(&p.topic) {
             return Err(Close::TopicTooDeep);
         }
@@ -329,19 +346,28 @@ impl Connection {
             if order.id.sender != sender_id(device) {
                 return Err(Close::OrderRefused(OrderRefusal::WrongSender));
             }
-            out.push(Action::Commit {
-                order,
-                packet_id: p.packet_id,
-            });
+            let ack = match (p.qos, p.packet_id) {
+                (QoS::ExactlyOnce, Some(id)) => {
+                    broker.received_qos2(self.id, id).ok_or(Close::TakenOver)?;
+                    Some(Packet::PubRec(id))
+                }
+                (_, id) => id.map(Packet::PubAck),
+            };
+            out.push(Action::Commit { order, ack });
             return Ok(());
         }
+        let (deliver, ack) = match (p.qos, p.packet_id) {
+            (QoS::ExactlyOnce, Some(id)) => {
+                let new = broker.received_qos2(self.id, id).ok_or(Close::TakenOver)?;
+                (new, Some(Packet::PubRec(id)))
+            }
+            (_, id) => (true, id.map(Packet::PubAck)),
+        };
         // Topics beginning with `$` are the broker's own [MQTT-4.7.2-1]: accepted and acknowledged, not routed.
-        if !p.topic.starts_with('$') {
+        if deliver && !p.topic.starts_with('$') {
             broker.publish(&p.topic, p.payload, p.qos, p.retain);
         }
-        if let Some(id) = p.packet_id {
-            out.push(Action::Send(Packet::PubAck(id)));
-        }
+        out.extend(ack.map(Action::Send));
         Ok(())
     }
 
@@ -353,7 +379,6 @@ impl Connection {
             | Close::NotConnect
             | Close::SecondConnect
             | Close::Unexpected(_)
-            | Close::QoS2
             | Close::TopicTooDeep
             | Close::TooManyFilters(_) => Some(&self.counters.refused_malformed),
             Close::OrderRefused(OrderRefusal::Malformed) => Some(&self.counters.refused_malformed),

@@ -4,27 +4,41 @@
 //! [`Broker::disconnect`] (or by a later CONNECT with the same client identifier, which takes the session over and
 //! lists the old connection in [`Broker::drain_kicked`]). Routing a message puts it into the queue of each matching
 //! session; the driver learns which connections have something to send from [`Broker::drain_wakes`] and pulls the
-//! encoded PUBLISH packets with [`Broker::poll_transmit`].
+//! encoded PUBLISH and PUBREL packets with [`Broker::poll_transmit`]. QoS 0, 1 and 2 are supported end to end
+//! ([`session`] has the flows).
 //!
 //! Bounds (see [`SessionLimits`]): a session's queue holds at most `max_queued_qos0` QoS 0 and `max_queued_qos1`
-//! QoS 1 messages, and `max_queued_bytes` of topics and payloads, not yet written; beyond that a new message for it
-//! is dropped and counted (the connection is kept). At most `max_inflight` QoS 1 messages per session await their PUBACK; the rest wait in the queue. A
-//! persistent session whose client is away keeps its QoS 1 messages (queued and in flight, re-sent with DUP when the
-//! client returns) and does not queue QoS 0 ones, as section 3.1.2.4 allows. At most `max_sessions` sessions exist
-//! at once; a CONNECT that would create one more is refused with return code 3 (server unavailable). Retained
-//! messages are bounded by count (`max_retained`) and by bytes of topic and payload (`max_retained_bytes`); a
-//! retained PUBLISH that would pass either is routed but not retained.
+//! QoS 1 and 2 messages, and `max_queued_bytes` of topics and payloads, not yet written; beyond that a new message
+//! for it is dropped and counted (the connection is kept). At most `max_inflight` QoS 1 and 2 messages per session
+//! await their acknowledgements; the rest wait in the queue. A persistent session whose client is away keeps its QoS
+//! 1 and 2 messages (queued and in flight, sent again when the client returns) and does not queue QoS 0 ones, as
+//! section 3.1.2.4 allows. At most `max_sessions` sessions exist at once; a CONNECT that would create one more is
+//! refused with return code 3 (server unavailable). Retained messages are bounded by count (`max_retained`) and by
+//! bytes of topic and payload (`max_retained_bytes`); a retained PUBLISH that would pass either is routed but not
+//! retained.
 //!
 //! Sessions are named by [`ClientKey`]: a verified identity (the TLS certificate's name) and a client identifier
 //! given over the plaintext listener are different names even when the text is the same, so a plaintext client can
 //! never resume, take over or read a TLS device's session.
+//!
+//! # Persistence
+//!
+//! With [`Broker::enable_journal`], every change to a persistent session (CleanSession 0) appends a
+//! [`journal::Record`](super::journal::Record); the driver takes them with [`Broker::take_journal`] and makes them
+//! durable before it sends whatever acknowledges them. [`Broker::snapshot`] writes records recreating every
+//! persistent session, and [`Broker::restore`] replays snapshot and journal at start.
 
-use crate::codec::{
-    encode_publish, ConnectReturnCode, LastWill, PacketId, QoS, SubAck, SubscribeReturnCode,
-};
+mod restore;
+mod session;
+
+pub use restore::{RestoreError, Restored};
+
+use super::journal::{Journal, Record};
+use crate::codec::{ConnectReturnCode, LastWill, PacketId, QoS, SubAck, SubscribeReturnCode};
 use crate::topic::{self, RetainedTree, SubscriptionTree};
 use bytes::{Bytes, BytesMut};
-use std::collections::{HashMap, VecDeque};
+use session::{Enqueued, Message, Queued, Session};
+use std::collections::{HashMap, HashSet};
 use std::ops::ControlFlow;
 use std::sync::Arc;
 use std::time::Instant;
@@ -64,16 +78,16 @@ impl ClientKey {
     }
 }
 
-/// The bounds of one session.
+/// The bounds of one session, and of the broker's retained messages and sessions.
 #[derive(Debug, Clone)]
 pub struct SessionLimits {
     /// QoS 0 messages queued for a connected client and not yet written; more are dropped.
     pub max_queued_qos0: usize,
-    /// QoS 1 messages queued and not yet sent (connected or not); more are dropped.
+    /// QoS 1 and 2 messages queued and not yet sent (connected or not); more are dropped.
     pub max_queued_qos1: usize,
     /// Bytes of topics and payloads queued for one session and not yet sent; more are dropped.
     pub max_queued_bytes: usize,
-    /// QoS 1 messages sent and awaiting PUBACK.
+    /// QoS 1 and 2 messages sent and awaiting their acknowledgements.
     pub max_inflight: usize,
     /// Subscriptions one session may hold; a SUBSCRIBE beyond gets return code 0x80 for the extra filters.
     pub max_subscriptions: usize,
@@ -122,112 +136,6 @@ pub struct Stats {
     pub subscriptions: u64,
 }
 
-/// An application message as the broker routes it: cheap to clone for many subscribers.
-#[derive(Debug, Clone)]
-struct Message {
-    topic: Arc<str>,
-    payload: Bytes,
-    qos: QoS,
-}
-
-impl Message {
-    /// What it costs to keep: topic and payload.
-    fn size(&self) -> usize {
-        self.topic.len() + self.payload.len()
-    }
-}
-
-/// One message waiting in a session.
-#[derive(Debug, Clone)]
-struct Queued {
-    msg: Message,
-    /// The QoS it is delivered with: the lower of the message's and the subscription's.
-    qos: QoS,
-    retain: bool,
-}
-
-#[derive(Debug)]
-struct Session {
-    client_id: ClientKey,
-    clean: bool,
-    conn: Option<ConnId>,
-    will: Option<LastWill>,
-    subscriptions: Vec<(Box<str>, QoS)>,
-    queue: VecDeque<Queued>,
-    queued_qos0: usize,
-    queued_qos1: usize,
-    queued_bytes: usize,
-    /// QoS 1 messages sent (or to be sent again) awaiting PUBACK, in the order they were first sent.
-    inflight: VecDeque<(PacketId, Queued)>,
-    /// How many of `inflight` were written on the current connection; the rest are re-sent with DUP.
-    inflight_sent: usize,
-    last_packet_id: u16,
-    wake_pending: bool,
-}
-
-enum Enqueued {
-    Queued,
-    Dropped,
-    NotQueued,
-}
-
-impl Session {
-    fn new(client_id: ClientKey, clean: bool) -> Self {
-        Session {
-            client_id,
-            clean,
-            conn: None,
-            will: None,
-            subscriptions: Vec::new(),
-            queue: VecDeque::new(),
-            queued_qos0: 0,
-            queued_qos1: 0,
-            queued_bytes: 0,
-            inflight: VecDeque::new(),
-            inflight_sent: 0,
-            last_packet_id: 0,
-            wake_pending: false,
-        }
-    }
-
-    fn enqueue(&mut self, item: Queued, limits: &SessionLimits) -> Enqueued {
-        let size = item.msg.size();
-        if item.qos == QoS::AtMostOnce && self.conn.is_none() {
-            return Enqueued::NotQueued;
-        }
-        if self.queued_bytes + size > limits.max_queued_bytes {
-            return Enqueued::Dropped;
-        }
-        match item.qos {
-            QoS::AtMostOnce if self.queued_qos0 >= limits.max_queued_qos0 => {
-                return Enqueued::Dropped
-            }
-            QoS::AtMostOnce => self.queued_qos0 += 1,
-            _ if self.queued_qos1 >= limits.max_queued_qos1 => return Enqueued::Dropped,
-            _ => self.queued_qos1 += 1,
-        }
-        self.queued_bytes += size;
-        self.queue.push_back(item);
-        Enqueued::Queued
-    }
-
-    fn has_output(&self) -> bool {
-        !self.queue.is_empty() || self.inflight_sent < self.inflight.len()
-    }
-
-    /// The next packet identifier not in flight [MQTT-2.3.1-2]; the in-flight window is far smaller than 65,535.
-    fn next_packet_id(&mut self) -> PacketId {
-        loop {
-            self.last_packet_id = self.last_packet_id.wrapping_add(1);
-            if let Some(id) = PacketId::new(self.last_packet_id) {
-                if !self.inflight.iter().any(|(p, _)| *p == id) {
-                    return id;
-                }
-            }
-        }
-    }
-}
-
 /// The broker's state. Nothing here does I/O or reads a clock.
 #[derive(Debug)]
 pub struct Broker {
@@ -245,6 +153,9 @@ pub struct Broker {
     kicked: Vec<ConnId>,
     scratch: Vec<(SessionKey, QoS)>,
     started: Instant,
+    journal: Journal,
+    next_sid: u64,
+    next_mid: u64,
 }
 
 impl Broker {
@@ -265,7 +176,20 @@ impl Broker {
             kicked: Vec::new(),
             scratch: Vec::new(),
             started: now,
+            journal: Journal::new(false),
+            next_sid: 1,
+            next_mid: 1,
         }
+    }
+
+    /// Record every change to a persistent session from now on, for [`Broker::take_journal`].
+    pub fn enable_journal(&mut self) {
+        self.journal = Journal::new(true);
+    }
+
+    /// The journal records appended since the last call, if any.
+    pub fn take_journal(&mut self) -> Option<Vec<u8>> {
+        self.journal.take()
     }
 
     /// The limits in force.
@@ -291,9 +215,35 @@ impl Broker {
             .expect("session key refers to a live session")
     }
 
+    /// The session and the journal, borrowed together.
+    fn session_and_journal(
+        &mut self,
+        conn: ConnId,
+    ) -> Option<(SessionKey, &mut Session, &mut Journal)> {
+        let key = *self.by_conn.get(&conn)?;
+        let s = self.sessions[key as usize].as_mut()?;
+        Some((key, s, &mut self.journal))
+    }
+
     /// Whether `conn` is attached to a session (it sent an accepted CONNECT and was not taken over).
     pub fn is_attached(&self, conn: ConnId) -> bool {
         self.by_conn.contains_key(&conn)
+    }
+
+    fn insert_session(&mut self, session: Session) -> SessionKey {
+        let id = session.client_id.clone();
+        let key = match self.free.pop() {
+            Some(k) => {
+                self.sessions[k as usize] = Some(session);
+                k
+            }
+            None => {
+                self.sessions.push(Some(session));
+                (self.sessions.len() - 1) as SessionKey
+            }
+        };
+        self.by_client.insert(id, key);
+        key
     }
 
     /// Attach `conn` to the session of `client_id`, creating, resuming or (with `clean`) replacing it; a connection
@@ -324,28 +274,22 @@ impl Broker {
                 if let Some(key) = existing {
                     self.remove_session(key);
                 }
-                let session = Session::new(client_id.clone(), clean);
-                let key = match self.free.pop() {
-                    Some(k) => {
-                        self.sessions[k as usize] = Some(session);
-                        k
-                    }
-                    None => {
-                        self.sessions.push(Some(session));
-                        (self.sessions.len() - 1) as SessionKey
-                    }
-                };
-                self.by_client.insert(client_id.clone(), key);
-                key
+                let sid = self.next_sid;
+                self.next_sid += 1;
+                if !clean {
+                    self.journal.push(Record::Session {
+                        sid,
+                        verified: client_id.verified,
+                        client_id: &client_id.id,
+                    });
+                }
+                self.insert_session(Session::new(client_id.clone(), clean, sid))
             }
         };
         let present = existing.is_some() && !clean;
         let s = self.session(key);
-        s.conn = Some(conn);
-        s.clean = clean;
+        s.attach(conn);
         s.will = will;
-        s.inflight_sent = 0;
-        s.wake_pending = false;
         let wake = s.has_output();
         self.by_conn.insert(conn, key);
         self.stats.clients_connected += 1;
@@ -355,25 +299,20 @@ impl Broker {
         Ok(present)
     }
 
-    /// Detach `conn`: a clean session ends; a persistent one keeps its subscriptions and QoS 1 messages. Unless the
-    /// client sent DISCONNECT (`graceful`), its will is published [MQTT-3.1.2-8]; with DISCONNECT it is discarded
-    /// [MQTT-3.1.2-10]. Unknown or already detached connections are ignored.
+    /// Detach `conn`: a clean session ends; a persistent one keeps its subscriptions and QoS 1 and 2 messages.
+    /// Unless the client sent DISCONNECT (`graceful`), its will is published [MQTT-3.1.2-8]; with DISCONNECT it is
+    /// discarded [MQTT-3.1.2-10]. Unknown or already detached connections are ignored.
     pub fn disconnect(&mut self, conn: ConnId, graceful: bool) {
         let Some(key) = self.by_conn.remove(&conn) else {
             return;
         };
         self.stats.clients_connected -= 1;
         let s = self.session(key);
-        s.conn = None;
-        s.wake_pending = false;
         let will = s.will.take();
         if s.clean {
             self.remove_session(key);
         } else {
-            s.queue.retain(|q| q.qos != QoS::AtMostOnce);
-            s.queued_qos0 = 0;
-            s.queued_bytes = s.queue.iter().map(|q| q.msg.size()).sum();
-            s.inflight_sent = 0;
+            s.detach();
         }
         if let (false, Some(w)) = (graceful, will) {
             self.publish(&w.topic, w.message, w.qos, w.retain);
@@ -389,6 +328,9 @@ impl Broker {
             if let Some(c) = s.conn {
                 self.by_conn.remove(&c);
             }
+            if !s.clean {
+                self.journal.push(Record::End { sid: s.sid });
+            }
             self.free.push(key);
         }
     }
@@ -399,18 +341,21 @@ impl Broker {
     }
 
     /// Route a message to every matching subscription, each session once at the highest QoS it subscribed with
-    /// (at most 1: QoS 2 is not granted). With `retain`, it replaces the topic's retained message, or an empty
-    /// payload removes it [MQTT-3.3.1-5, MQTT-3.3.1-10, MQTT-3.3.1-11]; deliveries to current subscribers carry
-    /// RETAIN 0 [MQTT-3.3.1-9].
+    /// [MQTT-3.3.5-1], the delivery's QoS the lower of that and the message's [MQTT-3.8.4-6]. With `retain`, it
+    /// replaces the topic's retained message, or an empty payload removes it [MQTT-3.3.1-5, MQTT-3.3.1-10,
+    /// MQTT-3.3.1-11]; deliveries to current subscribers carry RETAIN 0 [MQTT-3.3.1-9].
     pub fn publish(&mut self, topic: &str, payload: Bytes, qos: QoS, retain: bool) {
         let msg = Message {
             topic: topic.into(),
             payload,
-            qos: qos.min(QoS::AtLeastOnce),
+            qos,
         };
         if retain {
             self.retain(&msg);
         }
+        let mid = self.next_mid;
+        self.next_mid += 1;
+        let mut body_written = false;
         let mut matches = std::mem::take(&mut self.scratch);
         self.tree.matching(topic, &mut matches);
         for &(key, sub_qos) in &matches {
@@ -418,8 +363,9 @@ impl Broker {
                 msg: msg.clone(),
                 qos: msg.qos.min(sub_qos),
                 retain: false,
+                mid,
             };
-            self.deliver(key, item);
+            self.deliver(key, item, &mut body_written);
         }
         self.scratch = matches;
     }
@@ -443,12 +389,12 @@ impl Broker {
     }
 
     /// Queue `item` for the session; false if it was dropped because the session's queue is full.
-    fn deliver(&mut self, key: SessionKey, item: Queued) -> bool {
+    fn deliver(&mut self, key: SessionKey, item: Queued, body_written: &mut bool) -> bool {
         let limits = &self.limits;
         let Some(s) = self.sessions[key as usize].as_mut() else {
             return false;
         };
-        match s.enqueue(item, limits) {
+        match s.enqueue(item, limits, &mut self.journal, body_written) {
             Enqueued::Queued => self.wake(key),
             Enqueued::Dropped => {
                 self.stats.messages_dropped += 1;
@@ -483,7 +429,7 @@ impl Broker {
         out.append(&mut self.kicked);
     }
 
-    /// Add or replace `conn`'s subscriptions; the maximum QoS granted is 1. A filter of more than
+    /// Add or replace `conn`'s subscriptions, granting the QoS asked for. A filter of more than
     /// [`topic::MAX_LEVELS`] levels, or one past the session's subscription bound, gets 0x80. Then the retained
     /// messages matching each distinct filter granted are queued once, with RETAIN 1 [MQTT-3.3.1-6, MQTT-3.3.1-8],
     /// found through the retained tree; a filter's search stops when the session's queue is full. `None` if `conn`
@@ -498,27 +444,33 @@ impl Broker {
         let mut return_codes = Vec::with_capacity(filters.len());
         // Filters granted, each once, with the QoS its last occurrence got.
         let mut granted_filters: Vec<(&str, QoS)> = Vec::new();
-        for (filter, requested) in filters {
-            let granted = (*requested).min(QoS::AtLeastOnce);
+        for (filter, granted) in filters {
             let max = self.limits.max_subscriptions;
-            let s = self.session(key);
+            let s = self.sessions[key as usize].as_mut()?;
             if !topic::within_level_cap(filter) {
                 return_codes.push(SubscribeReturnCode::Failure);
                 continue;
             }
             match s.subscriptions.iter().position(|(f, _)| **f == **filter) {
-                Some(i) => s.subscriptions[i].1 = granted,
+                Some(i) => s.subscriptions[i].1 = *granted,
                 None if s.subscriptions.len() >= max => {
                     return_codes.push(SubscribeReturnCode::Failure);
                     continue;
                 }
-                None => s.subscriptions.push((filter.as_str().into(), granted)),
+                None => s.subscriptions.push((filter.as_str().into(), *granted)),
             }
-            self.tree.insert(filter, key, granted);
-            return_codes.push(SubscribeReturnCode::Granted(granted));
+            if !s.clean {
+                self.journal.push(Record::Sub {
+                    sid: s.sid,
+                    qos: *granted,
+                    filter,
+                });
+            }
+            self.tree.insert(filter, key, *granted);
+            return_codes.push(SubscribeReturnCode::Granted(*granted));
             match granted_filters.iter_mut().find(|(f, _)| *f == filter) {
-                Some(entry) => entry.1 = granted,
-                None => granted_filters.push((filter, granted)),
+                Some(entry) => entry.1 = *granted,
+                None => granted_filters.push((filter, *granted)),
             }
         }
         for (filter, granted) in granted_filters {
@@ -539,33 +491,38 @@ impl Broker {
         };
         // Room left, so the search stops where further messages would only be dropped.
         let mut room_qos0 = limits.max_queued_qos0.saturating_sub(s.queued_qos0);
-        let mut room_qos1 = limits.max_queued_qos1.saturating_sub(s.queued_qos1);
+        let mut room_qos12 = limits.max_queued_qos1.saturating_sub(s.queued_qos12);
         let mut room_bytes = limits.max_queued_bytes.saturating_sub(s.queued_bytes);
         self.retained.for_each_match(filter, |m| {
             let qos = m.qos.min(granted);
             let room = if qos == QoS::AtMostOnce {
                 &mut room_qos0
             } else {
-                &mut room_qos1
+                &mut room_qos12
             };
             if *room == 0 || room_bytes < m.size() {
                 return ControlFlow::Break(());
             }
             *room -= 1;
             room_bytes -= m.size();
-            found.push(Queued {
-                msg: m.clone(),
-                qos,
-                retain: true,
-            });
+            found.push((m.clone(), qos));
             ControlFlow::Continue(())
         });
-        for item in found {
-            self.deliver(key, item);
+        for (msg, qos) in found {
+            let mid = self.next_mid;
+            self.next_mid += 1;
+            let item = Queued {
+                msg,
+                qos,
+                retain: true,
+                mid,
+            };
+            self.deliver(key, item, &mut false);
         }
     }
 
-    /// Remove `conn`'s subscriptions to `filters` (absent ones are ignored); false if `conn` is not attached.
+    /// Remove `conn`'s subscriptions to `filters`, compared byte for byte (absent ones are ignored)
+    /// [MQTT-3.10.4-1]; false if `conn` is not attached.
     pub fn unsubscribe(&mut self, conn: ConnId, filters: &[String]) -> bool {
         let Some(&key) = self.by_conn.get(&conn) else {
             return false;
@@ -574,97 +531,88 @@ impl Broker {
             let s = self.session(key);
             if let Some(i) = s.subscriptions.iter().position(|(f, _)| **f == **filter) {
                 s.subscriptions.swap_remove(i);
+                if !s.clean {
+                    let sid = s.sid;
+                    self.journal.push(Record::Unsub { sid, filter });
+                }
                 self.tree.remove(filter, key);
             }
         }
         true
     }
 
-    /// A PUBACK from `conn`'s client: the message leaves the in-flight window. Unknown identifiers are ignored.
-    pub fn puback(&mut self, conn: ConnId, packet_id: PacketId) {
-        let Some(&key) = self.by_conn.get(&conn) else {
+    /// Run an acknowledgement from `conn`'s client against its session, waking the writer when it frees a place in
+    /// the window or asks for a PUBREL.
+    fn ack(&mut self, conn: ConnId, f: impl FnOnce(&mut Session, &mut Journal) -> bool) {
+        let Some((key, s, j)) = self.session_and_journal(conn) else {
             return;
         };
-        let s = self.session(key);
-        if let Some(i) = s.inflight.iter().position(|(p, _)| *p == packet_id) {
-            s.inflight.remove(i);
-            if i < s.inflight_sent {
-                s.inflight_sent -= 1;
-            }
-            if s.has_output() {
-                self.wake(key);
-            }
+        if f(s, j) && s.has_output() {
+            self.wake(key);
         }
     }
 
-    /// Encode `conn`'s pending PUBLISH packets into `out` until it holds at least `max_bytes` or nothing more may be
-    /// sent: in-flight messages not yet sent on this connection first (DUP set [MQTT-4.4.0-1]), then the queue in
-    /// order, a QoS 1 message only while the in-flight window has room. Returns how many packets were added.
+    /// A PUBACK from `conn`'s client: the QoS 1 message leaves the in-flight window. Unknown identifiers are
+    /// ignored.
+    pub fn puback(&mut self, conn: ConnId, packet_id: PacketId) {
+        self.ack(conn, |s, j| s.puback(packet_id, j));
+    }
+
+    /// A PUBREC from `conn`'s client: the QoS 2 message was received; a PUBREL is sent (again, for a repeat).
+    pub fn pubrec(&mut self, conn: ConnId, packet_id: PacketId) {
+        self.ack(conn, |s, j| s.pubrec(packet_id, j));
+    }
+
+    /// A PUBCOMP from `conn`'s client: the QoS 2 message leaves the in-flight window.
+    pub fn pubcomp(&mut self, conn: ConnId, packet_id: PacketId) {
+        self.ack(conn, |s, j| s.pubcomp(packet_id, j));
+    }
+
+    /// A QoS 2 PUBLISH `packet_id` from `conn`'s client: `Some(true)` if it is new and must be delivered,
+    /// `Some(false)` for a copy of one received and not yet released [MQTT-4.3.3-2]; `None` if not attached.
+    pub fn received_qos2(&mut self, conn: ConnId, packet_id: PacketId) -> Option<bool> {
+        let (_, s, j) = self.session_and_journal(conn)?;
+        Some(s.received(packet_id, j))
+    }
+
+    /// A PUBREL from `conn`'s client: its identifier is free for a new message again.
+    pub fn released_qos2(&mut self, conn: ConnId, packet_id: PacketId) {
+        if let Some((_, s, j)) = self.session_and_journal(conn) {
+            s.released(packet_id, j);
+        }
+    }
+
+    /// Encode `conn`'s pending packets into `out` until it holds at least `max_bytes` or nothing more may be sent:
+    /// what is in flight and not yet sent on this connection first (PUBLISH with DUP [MQTT-4.4.0-1], or PUBREL),
+    /// the PUBRELs due, then the queue in order, a QoS 1 or 2 message only while the in-flight window has room.
+    /// Returns how many PUBLISH packets were added.
     pub fn poll_transmit(&mut self, conn: ConnId, out: &mut BytesMut, max_bytes: usize) -> usize {
-        let Some(&key) = self.by_conn.get(&conn) else {
+        let max_inflight = self.limits.max_inflight;
+        let Some((_, s, j)) = self.session_and_journal(conn) else {
             return 0;
         };
-        let max_inflight = self.limits.max_inflight;
-        let s = self.sessions[key as usize]
-            .as_mut()
-            .expect("attached session is live");
-        let mut sent = 0;
-        while out.len() < max_bytes && s.inflight_sent < s.inflight.len() {
-            let (id, q) = &s.inflight[s.inflight_sent];
-            let _ = encode_publish(
-                out,
-                true,
-                q.qos,
-                q.retain,
-                &q.msg.topic,
-                Some(*id),
-                &q.msg.payload,
-            );
-            s.inflight_sent += 1;
-            sent += 1;
-        }
-        while out.len() < max_bytes {
-            let Some(front) = s.queue.front() else {
-                break;
-            };
-            if front.qos != QoS::AtMostOnce && s.inflight.len() >= max_inflight {
-                break;
-            }
-            let Some(q) = s.queue.pop_front() else {
-                break;
-            };
-            s.queued_bytes -= q.msg.size();
-            let packet_id = match q.qos {
-                QoS::AtMostOnce => {
-                    s.queued_qos0 -= 1;
-                    None
-                }
-                _ => {
-                    s.queued_qos1 -= 1;
-                    Some(s.next_packet_id())
-                }
-            };
-            // Topic and payload came from a decoded packet, so they fit; a failure would only skip the message.
-            if encode_publish(
-                out,
-                false,
-                q.qos,
-                q.retain,
-                &q.msg.topic,
-                packet_id,
-                &q.msg.payload,
-            )
-            .is_ok()
-            {
-                sent += 1;
-            }
-            if let Some(id) = packet_id {
-                s.inflight.push_back((id, q));
-                s.inflight_sent += 1;
-            }
-        }
+        let sent = s.poll(out, max_bytes, max_inflight, j);
         self.stats.messages_sent += sent as u64;
         sent
+    }
+
+    /// The records that recreate every persistent session, ending with [`Record::SnapshotEnd`].
+    pub fn snapshot(&self) -> Vec<u8> {
+        let mut j = Journal::new(true);
+        let mut bodies = HashSet::new();
+        let mut persistent: Vec<&Session> = self
+            .sessions
+            .iter()
+            .flatten()
+            .filter(|s| !s.clean)
+            .collect();
+        persistent.sort_by_key(|s| s.sid);
+        for s in persistent {
+            s.snapshot(&mut j, &mut bodies);
+        }
+        let records = j.records();
+        j.push(Record::SnapshotEnd { records });
+        j.take().unwrap_or_default()
     }
 
     /// Publish the statistics as retained QoS 0 messages under `$SYS/broker/`, as mosquitto names them.

@@ -59,7 +59,11 @@ impl TestBroker {
             plain = Some(tcp.local_addr().unwrap());
             listeners.push(Listener { tcp, tls: None });
         }
-        let broker = RunningBroker::new(config, store.clone(), counters.clone());
+        let config = BrokerConfig {
+            state_dir: config.state_dir.or(Some(dir.path().join("store"))),
+            ..config
+        };
+        let broker = RunningBroker::new(config, store.clone(), counters.clone()).unwrap();
         let run = broker.clone().run(listeners);
         let task = tokio::spawn(async move {
             if let Err(e) = run.await {

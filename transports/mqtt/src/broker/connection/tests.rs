@@ -2,7 +2,7 @@
 
 use super::*;
 use crate::broker::state::SessionLimits;
-use crate::codec::{Connect, LastWill, Subscribe};
+use crate::codec::{read_packet, Connect, LastWill, PacketId, Subscribe};
 use bytes::{Bytes, BytesMut};
 use transport_core::framing::encode_order_body;
 use transport_core::OrderId;
@@ -269,7 +269,7 @@ fn orders_are_committed_only_from_their_own_device() {
         out,
         [Action::Commit {
             order,
-            packet_id: Some(id(9))
+            ack: Some(Packet::PubAck(id(9)))
         }],
         "no PUBACK before the commit"
     );
@@ -296,28 +296,110 @@ fn orders_are_committed_only_from_their_own_device() {
     assert_eq!(t.broker.stats().messages_received, 4);
 }
 
+/// Everything the broker would write to `conn` now, decoded.
+fn written(t: &mut Pair, conn: u64) -> Vec<Packet> {
+    let mut buf = BytesMut::new();
+    t.broker.poll_transmit(ConnId(conn), &mut buf, usize::MAX);
+    let mut out = Vec::new();
+    while let Some(p) = read_packet(&mut buf, usize::MAX).unwrap() {
+        out.push(p);
+    }
+    out
+}
+
 #[test]
-fn qos2_and_server_packets_close_the_connection() {
+fn a_qos2_publish_is_delivered_once_until_its_pubrel() {
+    let mut t = Pair::new();
+    let mut sub = t.conn(1, Some("s"));
+    t.ok(&mut sub, connect("s", true, 0), 0.0);
+    let subscribe = Packet::Subscribe(Subscribe {
+        packet_id: id(1),
+        filters: vec![("t".into(), QoS::ExactlyOnce)],
+    });
+    t.ok(&mut sub, subscribe, 0.0);
+    let mut c = t.conn(2, Some("d"));
+    t.ok(&mut c, connect("d", false, 0), 0.0);
+    let q2 = |dup| {
+        Packet::Publish(Publish {
+            dup,
+            qos: QoS::ExactlyOnce,
+            retain: false,
+            topic: "t".into(),
+            packet_id: Some(id(5)),
+            payload: Bytes::from_static(b"once"),
+        })
+    };
+    assert_eq!(
+        t.ok(&mut c, q2(false), 0.0),
+        [Action::Send(Packet::PubRec(id(5)))]
+    );
+    // Sent again before the PUBREL (with or without DUP): acknowledged, not delivered again [MQTT-4.3.3-2].
+    assert_eq!(
+        t.ok(&mut c, q2(true), 0.1),
+        [Action::Send(Packet::PubRec(id(5)))]
+    );
+    assert_eq!(
+        t.ok(&mut c, q2(false), 0.1),
+        [Action::Send(Packet::PubRec(id(5)))]
+    );
+    let got = written(&mut t, 1);
+    assert_eq!(got.len(), 1, "{got:?}");
+    assert_eq!(
+        t.ok(&mut c, Packet::PubRel(id(5)), 0.2),
+        [Action::Send(Packet::PubComp(id(5)))]
+    );
+    // A PUBREL for an identifier not held is answered all the same.
+    assert_eq!(
+        t.ok(&mut c, Packet::PubRel(id(6)), 0.2),
+        [Action::Send(Packet::PubComp(id(6)))]
+    );
+    // After PUBCOMP the identifier names a new message.
+    t.ok(&mut c, q2(false), 0.3);
+    assert_eq!(written(&mut t, 1).len(), 1);
+}
+
+#[test]
+fn a_qos2_order_is_committed_before_pubrec_and_again_when_resent() {
+    let mut t = Pair::new();
+    let mut c = t.conn(1, Some("dev-4"));
+    t.ok(&mut c, connect("dev-4", false, 0), 0.0);
+    let (p, order) = order_publish("orders/dev-4", 4, 9);
+    let Packet::Publish(mut p) = p else {
+        unreachable!()
+    };
+    p.qos = QoS::ExactlyOnce;
+    let commit = Action::Commit {
+        order,
+        ack: Some(Packet::PubRec(id(9))),
+    };
+    assert_eq!(
+        t.ok(&mut c, Packet::Publish(p.clone()), 0.0),
+        std::slice::from_ref(&commit)
+    );
+    p.dup = true;
+    assert_eq!(t.ok(&mut c, Packet::Publish(p), 0.1), [commit]);
+    assert_eq!(
+        t.ok(&mut c, Packet::PubRel(id(9)), 0.2),
+        [Action::Send(Packet::PubComp(id(9)))]
+    );
+}
+
+#[test]
+fn packets_only_a_server_sends_close_the_connection() {
     let mut t = Pair::new();
     let mut c = t.conn(1, Some("d"));
     t.ok(&mut c, connect("d", true, 0), 0.0);
-    let q2 = Packet::Publish(Publish {
-        dup: false,
-        qos: QoS::ExactlyOnce,
-        retain: false,
-        topic: "t".into(),
-        packet_id: Some(id(1)),
-        payload: Bytes::new(),
-    });
-    assert_eq!(t.handle(&mut c, q2, 0.0).1, Err(Close::QoS2));
-    assert_eq!(
-        t.handle(&mut c, Packet::PubRel(id(1)), 0.0).1,
-        Err(Close::Unexpected(PacketType::PubRel))
-    );
-    assert_eq!(
-        t.handle(&mut c, Packet::PingResp, 0.0).1,
-        Err(Close::Unexpected(PacketType::PingResp))
-    );
+    for p in [
+        Packet::PingResp,
+        Packet::UnsubAck(id(1)),
+        Packet::ConnAck(ConnAck {
+            session_present: false,
+            code: ConnectReturnCode::Accepted,
+        }),
+    ] {
+        let ty = p.packet_type();
+        assert_eq!(t.handle(&mut c, p, 0.0).1, Err(Close::Unexpected(ty)));
+    }
     assert_eq!(
         t.handle(&mut c, Packet::Disconnect, 0.0).1,
         Err(Close::Disconnect)

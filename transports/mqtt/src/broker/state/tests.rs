@@ -49,10 +49,9 @@ fn wildcards_route_and_qos_is_the_lower_of_the_two() {
         sub(&mut b, A, "s/+/t", QoS::AtLeastOnce).return_codes,
         [SubscribeReturnCode::Granted(QoS::AtLeastOnce)]
     );
-    // QoS 2 is granted as QoS 1.
     assert_eq!(
         sub(&mut b, B, "s/#", QoS::ExactlyOnce).return_codes,
-        [SubscribeReturnCode::Granted(QoS::AtLeastOnce)]
+        [SubscribeReturnCode::Granted(QoS::ExactlyOnce)]
     );
     b.publish("s/x/t", Bytes::from_static(b"1"), QoS::AtMostOnce, false);
     b.publish("s/x/t", Bytes::from_static(b"2"), QoS::AtLeastOnce, false);
@@ -426,3 +425,5 @@ fn a_session_queue_is_bounded_in_bytes() {
     b.connect(B, &key("p"), false, None).unwrap();
     assert_eq!(take(&mut b, B).len(), 3);
 }
+
+mod qos2;
