@@ -150,3 +150,31 @@ where
         }
     }
 }
+
+/// Whether the mosquitto `binaries` are installed; without them, fail saying what to install, unless
+/// `LB_SKIP_MOSQUITTO=1` asks to skip, in which case say loudly that `test` was skipped.
+pub fn mosquitto_available(test: &str, binaries: &[&str]) -> bool {
+    use transport_mqtt::mosquitto::{find_binary, INSTALL_HINT};
+    let missing: Vec<&str> = binaries
+        .iter()
+        .copied()
+        .filter(|b| find_binary(b).is_none())
+        .collect();
+    if missing.is_empty() {
+        return true;
+    }
+    if std::env::var("LB_SKIP_MOSQUITTO").as_deref() == Ok("1") {
+        // Written to the stream itself, not through eprintln!, so the test harness does not hide it.
+        use std::io::Write;
+        let _ = writeln!(
+            std::io::stderr(),
+            "\n!!!!! SKIPPED {test}: {} not installed (LB_SKIP_MOSQUITTO=1) !!!!!\n",
+            missing.join(", ")
+        );
+        return false;
+    }
+    panic!(
+        "{} not found: {INSTALL_HINT} (or set LB_SKIP_MOSQUITTO=1 to skip these tests)",
+        missing.join(", ")
+    );
+}
