@@ -3,7 +3,7 @@
 //!
 //! # Files
 //!
-//! - `DIR/mqtt-sessions.snap`: `MQSNAP01`, a generation (`u64` LE), then [`journal`](super::journal) records that
+//! - `DIR/mqtt-sessions.snap`: `MQSNAP01`, a generation (`u64` LE), then [`journal`] records that
 //!   recreate every persistent session, the last one `SnapshotEnd` with the count before it. Written whole to
 //!   `mqtt-sessions.snap.tmp`, synced, renamed over the old one, and the directory synced: a snapshot is either the
 //!   old one or the new one, never a mix.

@@ -5,7 +5,7 @@
 //! lists the old connection in [`Broker::drain_kicked`]). Routing a message puts it into the queue of each matching
 //! session; the driver learns which connections have something to send from [`Broker::drain_wakes`] and pulls the
 //! encoded PUBLISH and PUBREL packets with [`Broker::poll_transmit`]. QoS 0, 1 and 2 are supported end to end
-//! ([`session`] has the flows).
+//! (the private `session` module has the flows).
 //!
 //! Bounds (see [`SessionLimits`]): a session's queue holds at most `max_queued_qos0` QoS 0 and `max_queued_qos1`
 //! QoS 1 and 2 messages, and `max_queued_bytes` of topics and payloads, not yet written; beyond that a new message
