@@ -95,6 +95,7 @@ pub fn run(args: ServeArgs) -> Result<()> {
             listen: args.listen,
             identity: args.identity.clone(),
             store: Arc::new(store.clone()),
+            state_dir: args.store.clone(),
             counters: counters.clone(),
             ready: ready_tx,
         };

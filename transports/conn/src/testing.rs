@@ -57,18 +57,24 @@ impl Harness {
             let (ready_tx, ready_rx) = std::sync::mpsc::channel();
             let (kill, kill_rx) = oneshot::channel::<()>();
             let transport = self.transport.clone();
-            let config = (self.identity.clone(), store.clone(), counters.clone());
+            let config = (
+                self.identity.clone(),
+                store.clone(),
+                counters.clone(),
+                self.store_dir.clone(),
+            );
             let thread = std::thread::spawn(move || {
                 let runtime = tokio::runtime::Builder::new_current_thread()
                     .enable_all()
                     .build()
                     .unwrap();
-                let (identity, store, counters) = config;
+                let (identity, store, counters, state_dir) = config;
                 let (ready, ready_in) = oneshot::channel();
                 let config = ServeConfig {
                     listen,
                     identity,
                     store: Arc::new(store),
+                    state_dir,
                     counters,
                     ready,
                 };

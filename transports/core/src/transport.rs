@@ -121,6 +121,9 @@ pub struct ServeConfig {
     pub identity: PathBuf,
     /// Where every received order is committed; "stored" is answered after the commit.
     pub store: SharedStore,
+    /// A directory for the server's own durable state, which lives and dies with the store (the store's directory:
+    /// MQTT's persistent sessions are kept there).
+    pub state_dir: PathBuf,
     /// Where the server counts handshakes, asymmetric operations and refusals.
     pub counters: Arc<Counters>,
     /// Send once when listening: the bound address and the public key or certificate fingerprint.

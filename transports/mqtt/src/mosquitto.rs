@@ -9,6 +9,9 @@
 //! from a thread of its own that lives exactly as long as the child, since the kernel ties that signal to the
 //! thread that forked.
 //!
+//! [`Mosquitto::start_with`] adds [`Options`]: a plaintext listener for tests that speak raw MQTT, and extra
+//! settings.
+//!
 //! [`device_pem`] writes one device's certificate and key as PEM files, for `mosquitto_pub --cert --key`.
 
 use base64::Engine;
@@ -102,6 +105,15 @@ impl Exit {
 }
 
 const LOG_LINES: usize = 50;
+
+/// What [`Mosquitto::start_with`] adds to the reference configuration.
+#[derive(Debug, Clone, Default)]
+pub struct Options {
+    /// Also listen without TLS on `127.0.0.1:port`, anonymous clients allowed there (tests that speak raw MQTT).
+    pub plaintext_port: Option<u16>,
+    /// Configuration lines appended as they are (e.g. `max_packet_size 1048576`).
+    pub extra: Vec<String>,
+}
 const START_TIMEOUT: Duration = Duration::from_secs(10);
 
 impl Mosquitto {
@@ -111,6 +123,16 @@ impl Mosquitto {
         identity: &Path,
         port: u16,
         work: &Path,
+    ) -> Result<Mosquitto, MosquittoError> {
+        Self::start_with(identity, port, work, &Options::default()).await
+    }
+
+    /// [`Mosquitto::start`] with `options` added to the configuration.
+    pub async fn start_with(
+        identity: &Path,
+        port: u16,
+        work: &Path,
+        options: &Options,
     ) -> Result<Mosquitto, MosquittoError> {
         let binary = find_binary("mosquitto").ok_or(MosquittoError::Missing)?;
         for file in [CA_FILE, SERVER_CERT_FILE, SERVER_KEY_FILE] {
@@ -124,7 +146,17 @@ impl Mosquitto {
         std::fs::create_dir_all(work)?;
         let identity = std::fs::canonicalize(identity)?;
         let config = work.join("mosquitto.conf");
-        std::fs::write(&config, config_text(&identity, port))?;
+        let mut text = config_text(&identity, port);
+        if let Some(plain) = options.plaintext_port {
+            text.push_str(&format!(
+                "allow_anonymous true\nlistener {plain} 127.0.0.1\n"
+            ));
+        }
+        for line in &options.extra {
+            text.push_str(line);
+            text.push('\n');
+        }
+        std::fs::write(&config, text)?;
 
         let log = Arc::new(Mutex::new(VecDeque::new()));
         let (started_tx, started) = mpsc::channel();
@@ -174,11 +206,15 @@ impl Mosquitto {
             log,
             config,
         };
-        me.wait_listening().await?;
+        me.wait_listening(me.addr).await?;
+        if let Some(plain) = options.plaintext_port {
+            me.wait_listening(SocketAddr::from(([127, 0, 0, 1], plain)))
+                .await?;
+        }
         Ok(me)
     }
 
-    async fn wait_listening(&self) -> Result<(), MosquittoError> {
+    async fn wait_listening(&self, addr: SocketAddr) -> Result<(), MosquittoError> {
         let start = Instant::now();
         loop {
             if let Some(status) = self.exit.get() {
@@ -189,11 +225,11 @@ impl Mosquitto {
                     log: self.log_tail(),
                 });
             }
-            if tokio::net::TcpStream::connect(self.addr).await.is_ok() {
+            if tokio::net::TcpStream::connect(addr).await.is_ok() {
                 return Ok(());
             }
             if start.elapsed() > START_TIMEOUT {
-                return Err(MosquittoError::Timeout(self.addr, START_TIMEOUT));
+                return Err(MosquittoError::Timeout(addr, START_TIMEOUT));
             }
             tokio::time::sleep(Duration::from_millis(20)).await;
         }

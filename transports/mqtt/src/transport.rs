@@ -1,7 +1,8 @@
 //! The `mqtt` transports for the suite's [`Transport`] trait.
 //!
 //! - `mqtt`: the in-tree broker over TLS 1.3 with client certificates, its order sink committing to the suite's
-//!   store before each PUBACK; the client side is `connfleet` driving [`OrderConnector`].
+//!   store before each PUBACK, its persistent sessions kept in the store's directory; the client side is `connfleet`
+//!   driving [`OrderConnector`].
 //! - `mqtt@mosquitto`: a real mosquitto started by [`Mosquitto`] with the same PKI; the same client side. It has no
 //!   order sink (its PUBACK means received, not stored), so the order workloads do not apply to it.
 
@@ -112,12 +113,20 @@ impl Transport for Mqtt {
                     let tls = tls::server_config(&config.identity, config.counters.clone(), &[])?;
                     let tcp = TcpListener::bind(config.listen).await?;
                     let addr = tcp.local_addr()?;
-                    let broker = RunningBroker::new(broker_config, config.store, config.counters);
-                    let run = broker.run(vec![Listener {
+                    // Persistent sessions live beside the orders: both are the server's durable state.
+                    let broker_config = BrokerConfig {
+                        state_dir: Some(config.state_dir.clone()),
+                        ..broker_config
+                    };
+                    let broker = RunningBroker::new(broker_config, config.store, config.counters)
+                        .map_err(|e| TransportError::Io(std::io::Error::other(e)))?;
+                    let run = broker.clone().run(vec![Listener {
                         tcp,
                         tls: Some(TlsAcceptor::from(tls)),
                     }]);
                     let _ = config.ready.send(Ready::new(addr, public_key));
+                    // However this future ends (dropped included), the session files are closed with it.
+                    let _closing = CloseOnDrop(broker);
                     run.await
                 }
                 Server::Mosquitto => {
@@ -166,6 +175,16 @@ impl Transport for Mqtt {
             );
             Ok(Box::new(fleet) as Box<dyn Fleet>)
         })
+    }
+}
+
+/// Closes the broker's session files when dropped.
+struct CloseOnDrop(RunningBroker);
+
+impl Drop for CloseOnDrop {
+    fn drop(&mut self) {
+        // The close is requested at the call; the writer finishes it on its own thread.
+        drop(self.0.close());
     }
 }
 

@@ -28,34 +28,14 @@ use transport_mqtt::client::{
 use transport_mqtt::codec::{
     ConnectReturnCode, Packet, Publish, QoS, Subscribe, SubscribeReturnCode,
 };
-use transport_mqtt::mosquitto::{self, device_pem, find_binary, Mosquitto, INSTALL_HINT};
+use transport_mqtt::mosquitto::{self, device_pem, find_binary, Mosquitto};
 use transport_tls::{ClientTls, DeviceCredentials};
 
 const SECOND: Duration = Duration::from_secs(1);
 
-/// Whether the binaries are there; without them, fail unless skipping was asked for.
+/// Whether mosquitto and its clients are there (see `common::mosquitto_available`).
 fn mosquitto_available(test: &str) -> bool {
-    let missing: Vec<&str> = ["mosquitto", "mosquitto_pub", "mosquitto_sub"]
-        .into_iter()
-        .filter(|b| find_binary(b).is_none())
-        .collect();
-    if missing.is_empty() {
-        return true;
-    }
-    if std::env::var("LB_SKIP_MOSQUITTO").as_deref() == Ok("1") {
-        // Written to the stream itself, not through eprintln!, so the test harness does not hide it.
-        use std::io::Write;
-        let _ = writeln!(
-            std::io::stderr(),
-            "\n!!!!! SKIPPED {test}: {} not installed (LB_SKIP_MOSQUITTO=1) !!!!!\n",
-            missing.join(", ")
-        );
-        return false;
-    }
-    panic!(
-        "{} not found: {INSTALL_HINT} (or set LB_SKIP_MOSQUITTO=1 to skip these tests)",
-        missing.join(", ")
-    );
+    common::mosquitto_available(test, &["mosquitto", "mosquitto_pub", "mosquitto_sub"])
 }
 
 /// TLS arguments for a command-line client as device `device` of `b`.
@@ -515,6 +495,7 @@ async fn the_mosquitto_variant_serves_through_the_trait() {
         listen: "127.0.0.1:0".parse().unwrap(),
         identity: identity.clone(),
         store: Arc::new(transport_store::StoreHandle::spawn(store)),
+        state_dir: dir.path().join("store"),
         counters: Arc::new(Counters::default()),
         ready,
     }));

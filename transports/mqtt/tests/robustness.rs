@@ -14,10 +14,10 @@ use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::sync::mpsc;
 use transport_conn::fleet::{ConnFleet, Policy};
 use transport_core::framing::encode_order_body;
-use transport_core::{Counters, Fleet, LinkEvent, Order, OrderId, ServeConfig, Transport};
+use transport_core::{Counters, Fleet, LinkEvent, Order, OrderId};
 use transport_mqtt::client::{connect_packet, OrderConnector};
 use transport_mqtt::codec::{Packet, PacketId, Publish, QoS, Subscribe};
-use transport_store::{audit, read_log, Store, StoreHandle, SyncPolicy};
+use transport_store::{audit, read_log};
 use transport_tls::ClientTls;
 
 const SECOND: Duration = Duration::from_secs(1);
@@ -443,100 +443,6 @@ async fn a_resent_order_carries_dup_and_its_first_packet_id() {
     assert_eq!((c.reconnects, c.resent_reconnect), (1, 1));
 }
 
-/// The restart workload in small, through the `Transport` trait: the broker is stopped in the middle of a run and
-/// started again on the same port and store; every order is stored exactly once.
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn nothing_is_lost_or_doubled_across_a_broker_restart() {
-    let dir = tempfile::tempdir().unwrap();
-    let identity = dir.path().join("id");
-    let store_dir = dir.path().join("store");
-    let mqtt = transport_mqtt::Mqtt::in_tree();
-    let devices = 16;
-    mqtt.prepare(&identity, devices).unwrap();
-    let server_counters = Arc::new(Counters::default());
-    let start = |listen: std::net::SocketAddr| {
-        let (store, _) = Store::open(&store_dir, SyncPolicy::Batch).unwrap();
-        let store = StoreHandle::spawn(store);
-        let (ready, ready_rx) = tokio::sync::oneshot::channel();
-        let config = ServeConfig {
-            listen,
-            identity: identity.clone(),
-            store: Arc::new(store.clone()),
-            counters: server_counters.clone(),
-            ready,
-        };
-        (tokio::spawn(mqtt.serve(config)), ready_rx, store)
-    };
-    let (server, ready, store) = start("127.0.0.1:0".parse().unwrap());
-    let addr = ready.await.unwrap().addr;
-
-    let counters = Arc::new(Counters::default());
-    let (events, mut rx) = mpsc::unbounded_channel();
-    let fleet = mqtt
-        .fleet(transport_core::FleetConfig {
-            server: addr,
-            identity: identity.clone(),
-            devices,
-            events,
-            counters: counters.clone(),
-        })
-        .await
-        .unwrap();
-    let mut made = Vec::new();
-    let send_round = |seq: u64, made: &mut Vec<OrderId>| {
-        for d in 0..devices {
-            let o = order(u64::from(d), seq);
-            made.push(o.id);
-            fleet.send(d, o);
-        }
-    };
-    for seq in 0..5 {
-        send_round(seq, &mut made);
-    }
-    let mut stored = HashSet::new();
-    while stored.len() < made.len() {
-        if let Some(LinkEvent::Stored { id, .. }) = rx.recv().await {
-            stored.insert(id);
-        }
-    }
-    // Stop the broker with orders in flight, keep sending, start it again on the same port and store.
-    for seq in 5..7 {
-        send_round(seq, &mut made);
-    }
-    server.abort();
-    let _ = server.await;
-    store.close().await;
-    for seq in 7..10 {
-        send_round(seq, &mut made);
-    }
-    let handshakes_before = server_counters.snapshot().handshakes;
-    let (server, ready, store) = start(addr);
-    assert_eq!(ready.await.unwrap().addr, addr);
-    while stored.len() < made.len() {
-        match tokio::time::timeout(20 * SECOND, rx.recv()).await {
-            Ok(Some(LinkEvent::Stored { id, .. })) => {
-                assert!(stored.insert(id), "{id} reported twice")
-            }
-            Ok(Some(_)) => {}
-            _ => panic!("{} of {} stored", stored.len(), made.len()),
-        }
-    }
-    fleet.close().await;
-    server.abort();
-    let _ = server.await;
-    store.close().await;
-    let acked: Vec<OrderId> = stored.into_iter().collect();
-    let a = audit(&store_dir, &made, &acked).unwrap();
-    assert!(a.is_clean(), "{a:?}");
-    assert_eq!(a.applied, u64::from(devices) * 10);
-    let c = counters.snapshot();
-    assert_eq!(c.reconnects, u64::from(devices), "{c:?}");
-    assert_eq!(
-        server_counters.snapshot().handshakes - handshakes_before,
-        u64::from(devices)
-    );
-}
-
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_plaintext_listener_takes_the_client_id_as_given() {
     let b = TestBroker::start(1, quick_config(), true).await;
@@ -567,4 +473,73 @@ async fn the_plaintext_listener_takes_the_client_id_as_given() {
     c.send(&order_publish(&order(7, 0), 7, 2)).await.unwrap();
     assert!(closed_within(&mut c, 2 * SECOND).await);
     assert_eq!(b.counters.snapshot().handshakes, 0);
+    // Nor under dev-7's own name: a plaintext client has no verified identity, so no order sink.
+    let tcp = tokio::net::TcpStream::connect(b.plain.unwrap())
+        .await
+        .unwrap();
+    let mut c = transport_mqtt::client::MqttStream::new(tcp);
+    c.connect(connect_packet("dev-7", true, 0)).await.unwrap();
+    c.send(&order_publish(&order(7, 0), 7, 2)).await.unwrap();
+    assert!(closed_within(&mut c, 2 * SECOND).await);
+    assert!(read_log(&b.store_dir()).unwrap().is_empty());
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn keepalive_0_does_not_let_a_client_idle_for_ever() {
+    let mut config = quick_config();
+    config.max_idle = SECOND;
+    let b = TestBroker::start(4, config, false).await;
+    let started = Instant::now();
+    let mut idle = b.connected(2, true, 0).await;
+    assert!(closed_within(&mut idle, 4 * SECOND).await);
+    assert!(started.elapsed() >= Duration::from_millis(900));
+    assert_eq!(b.broker.stats().clients_connected, 0);
+    // Clients that keep talking are served.
+    let mut w = Witness::new(&b).await;
+    w.still_works().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_client_that_stops_reading_is_closed_after_the_write_timeout() {
+    let mut config = quick_config();
+    config.write_timeout = SECOND;
+    config.limits.max_queued_qos0 = 100_000;
+    config.limits.max_queued_bytes = 1 << 30;
+    let b = TestBroker::start(4, config, false).await;
+    let mut deaf = b.connected(2, true, 0).await;
+    let sub = Subscribe {
+        packet_id: pid(1),
+        filters: vec![("flood".into(), QoS::AtMostOnce)],
+    };
+    deaf.send(&Packet::Subscribe(sub)).await.unwrap();
+    assert!(matches!(
+        recv_within(&mut deaf, SECOND).await.unwrap(),
+        Packet::SubAck(_)
+    ));
+    // 48 MiB for a client that reads nothing: more than the socket buffers hold, so its writer stalls.
+    let mut flood = b.connected(3, true, 0).await;
+    let payload = Bytes::from(vec![0x55; 16 * 1024]);
+    let mut batch = BytesMut::new();
+    for _ in 0..64 {
+        publish("flood", QoS::AtMostOnce, 0, payload.clone())
+            .encode(&mut batch)
+            .unwrap();
+    }
+    for _ in 0..48 {
+        flood.send_raw(&batch).await.unwrap();
+    }
+    let mut detached = false;
+    for _ in 0..100 {
+        if b.broker.stats().clients_connected == 1 {
+            detached = true;
+            break;
+        }
+        tokio::time::sleep(SECOND / 10).await;
+    }
+    assert!(detached, "the deaf client's session is still attached");
+    flood.send(&Packet::PingReq).await.unwrap();
+    assert_eq!(
+        recv_within(&mut flood, SECOND).await.unwrap(),
+        Packet::PingResp
+    );
 }

@@ -401,6 +401,11 @@ impl Store {
         &self.path
     }
 
+    /// The store's directory.
+    pub fn dir(&self) -> &Path {
+        self.path.parent().unwrap_or(Path::new("."))
+    }
+
     /// What the store has done since it was opened.
     pub fn stats(&self) -> StoreStats {
         self.stats.snapshot()
@@ -677,6 +682,7 @@ pub struct StoreHandle {
     tx: mpsc::Sender<Request>,
     stats: Arc<StatCells>,
     policy: SyncPolicy,
+    dir: PathBuf,
 }
 
 impl StoreHandle {
@@ -687,10 +693,12 @@ impl StoreHandle {
     pub fn spawn(store: Store) -> StoreHandle {
         let stats = store.stats.clone();
         let policy = store.policy;
+        let dir = store.dir().to_path_buf();
         Self::try_spawn(store).unwrap_or_else(|_| StoreHandle {
             tx: mpsc::channel().0,
             stats,
             policy,
+            dir,
         })
     }
 
@@ -700,11 +708,17 @@ impl StoreHandle {
         let stats = store.stats.clone();
         let policy = store.policy;
         let path = store.path.clone();
+        let dir = store.dir().to_path_buf();
         std::thread::Builder::new()
             .name("store".into())
             .spawn(move || writer(store, rx))
             .map_err(|e| StoreError::io(&path, e))?;
-        Ok(StoreHandle { tx, stats, policy })
+        Ok(StoreHandle {
+            tx,
+            stats,
+            policy,
+            dir,
+        })
     }
 
     /// Commit orders (see [`Store::commit`]); they join whatever other commits are waiting, in one group.
@@ -744,6 +758,11 @@ impl StoreHandle {
     /// The sync policy.
     pub fn policy(&self) -> SyncPolicy {
         self.policy
+    }
+
+    /// The store's directory, where a server may keep other state that lives and dies with the store.
+    pub fn dir(&self) -> &Path {
+        &self.dir
     }
 }
 

@@ -803,6 +803,7 @@ fn common_name(cert: &[u8]) -> Option<String> {
 mod tests {
     use super::*;
     use rustls::{ClientConnection, HandshakeKind, ServerConnection};
+    use std::io::Write;
     use transport_core::CounterSnapshot;
 
     /// Run a handshake between two in-memory connections; true if both sides completed it.

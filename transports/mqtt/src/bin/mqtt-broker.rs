@@ -4,7 +4,8 @@
 //!     mqtt-broker --identity DIR --store DIR/store --listen 127.0.0.1:8883 --plaintext 127.0.0.1:1883
 //!
 //! The identity directory holds `ca.pem`, `server.pem`, `server.key` and `devices.der` as `transport_tls`
-//! writes them. Orders published to `orders/<device>` go into the store at `--store` before their PUBACK.
+//! writes them. Orders published to `orders/<device>` go into the store at `--store` before their PUBACK; persistent
+//! sessions are kept in the same directory (`mqtt-sessions.snap`, `mqtt-sessions.log`).
 
 use anyhow::Context;
 use clap::Parser;
@@ -62,6 +63,9 @@ struct Opt {
     /// Seconds from accepting a connection to its CONNECT (TLS handshake included).
     #[arg(long)]
     connect_timeout: Option<u64>,
+    /// Seconds a connected client may stay silent whatever its keepalive (keepalive 0 included).
+    #[arg(long)]
+    max_idle: Option<u64>,
     /// Seconds between $SYS publications.
     #[arg(long)]
     sys_interval: Option<u64>,
@@ -83,6 +87,7 @@ impl Opt {
             .connect_timeout
             .map(Duration::from_secs)
             .unwrap_or(c.connect_timeout);
+        c.max_idle = self.max_idle.map(Duration::from_secs).unwrap_or(c.max_idle);
         c.sys_interval = self
             .sys_interval
             .map(Duration::from_secs)
@@ -128,11 +133,24 @@ async fn run(opt: Opt) -> anyhow::Result<()> {
         eprintln!("mqtt-broker: plaintext on {}", tcp.local_addr()?);
         listeners.push(Listener { tcp, tls: None });
     }
-    let broker = RunningBroker::new(opt.config(), Arc::new(store.clone()), counters);
+    let mut config = opt.config();
+    config.state_dir = Some(opt.store.clone());
+    let broker = RunningBroker::new(config, Arc::new(store.clone()), counters)
+        .context("restoring the persistent sessions")?;
+    if let Some(r) = broker.recovery() {
+        eprintln!(
+            "mqtt-broker: sessions restored from {} ({} snapshot and {} journal records, {} torn bytes cut)",
+            opt.store.display(),
+            r.snapshot_records,
+            r.journal_records,
+            r.truncated_bytes
+        );
+    }
     tokio::select! {
-        result = broker.run(listeners) => result?,
+        result = broker.clone().run(listeners) => result?,
         _ = tokio::signal::ctrl_c() => eprintln!("mqtt-broker: stopping"),
     }
+    broker.close().await;
     store.close().await;
     Ok(())
 }

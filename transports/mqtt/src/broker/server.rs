@@ -10,13 +10,20 @@
 //! deliveries from the broker when woken; it starts pulling deliveries only after the first control packet
 //! (CONNACK) is written, so CONNACK is always first [MQTT-3.2.0-1]. A slow subscriber blocks only its own writer;
 //! meanwhile its session queue fills and further QoS 0 messages for it are dropped and counted.
+//!
+//! With a state directory ([`BrokerConfig::state_dir`]), persistent sessions are kept in
+//! [`persist`](super::persist)'s files: the records a step of the state appends are handed to the session writer
+//! under the broker lock (so in the order made), and a reader sends no control packet, and a writer no delivery,
+//! before the records its step depended on are on disk.
 
 use super::connection::{Action, Close, Connection};
+use super::persist::{PersistError, Recovery, SessionStore};
 use super::state::{Broker as State, ConnId, SessionLimits, Stats};
 use crate::codec::{read_packet, Packet};
 use bytes::{Bytes, BytesMut};
 use std::collections::HashMap;
 use std::net::SocketAddr;
+use std::path::PathBuf;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::Duration;
@@ -41,10 +48,18 @@ pub struct BrokerConfig {
     pub max_connections: usize,
     /// Time from accepting a connection to its CONNECT (the TLS handshake included).
     pub connect_timeout: Duration,
+    /// The longest a connected client may stay silent, whatever its keepalive (0 included).
+    pub max_idle: Duration,
+    /// The longest one write to a client may make no progress (a client that stops reading); then the connection
+    /// is closed.
+    pub write_timeout: Duration,
     /// How often `$SYS/broker/...` is published.
     pub sys_interval: Duration,
     /// Bytes of deliveries a writer gathers into one write.
     pub write_batch: usize,
+    /// Where persistent sessions are kept across restarts (`None`: in memory only). The driver uses the store's
+    /// directory: the broker's sessions are server state like the orders beside them, kept and reset with them.
+    pub state_dir: Option<PathBuf>,
 }
 
 impl Default for BrokerConfig {
@@ -54,8 +69,11 @@ impl Default for BrokerConfig {
             max_packet_size: 1 << 20,
             max_connections: 50_000,
             connect_timeout: Duration::from_secs(10),
+            max_idle: Duration::from_secs(900),
+            write_timeout: Duration::from_secs(30),
             sys_interval: Duration::from_secs(10),
             write_batch: 64 * 1024,
+            state_dir: None,
         }
     }
 }
@@ -84,6 +102,15 @@ struct Locked {
     state: State,
     signals: HashMap<ConnId, Arc<Signal>>,
     scratch: Vec<ConnId>,
+    sessions: Option<SessionStore>,
+}
+
+/// The session journal records a step of the state depends on: its own (`own`), or everything handed over up to it
+/// (`all`); `None` without persistence or records.
+#[derive(Debug, Clone, Copy, Default)]
+struct Barrier {
+    own: Option<u64>,
+    all: Option<u64>,
 }
 
 struct Shared {
@@ -92,6 +119,7 @@ struct Shared {
     store: SharedStore,
     counters: Arc<Counters>,
     next_conn: AtomicU64,
+    recovery: Option<Recovery>,
 }
 
 impl Shared {
@@ -102,9 +130,22 @@ impl Shared {
 
     /// Run `f` on the state, then wake the writers that have deliveries and the readers taken over.
     fn with_state<R>(&self, f: impl FnOnce(&mut State) -> R) -> R {
+        self.step(f).0
+    }
+
+    /// [`Shared::with_state`], handing the journal records `f` made to the session writer.
+    fn step<R>(&self, f: impl FnOnce(&mut State) -> R) -> (R, Barrier) {
         let mut guard = self.lock();
         let locked = &mut *guard;
         let r = f(&mut locked.state);
+        let mut barrier = Barrier::default();
+        if let Some(sessions) = locked.sessions.as_mut() {
+            if let Some(records) = locked.state.take_journal() {
+                let state = &locked.state;
+                barrier.own = Some(sessions.append(records, || state.snapshot()));
+            }
+            barrier.all = Some(sessions.appended());
+        }
         locked.scratch.clear();
         locked.state.drain_wakes(&mut locked.scratch);
         for conn in &locked.scratch {
@@ -119,7 +160,17 @@ impl Shared {
                 s.kick.notify_one();
             }
         }
-        r
+        (r, barrier)
+    }
+
+    /// Wait until the session records up to `seq` are on disk.
+    async fn settle(&self, seq: Option<u64>) -> Result<(), Close> {
+        let Some(seq) = seq else { return Ok(()) };
+        let durable = match &self.lock().sessions {
+            Some(sessions) => sessions.durable(seq),
+            None => return Ok(()),
+        };
+        durable.await.map_err(|e| Close::Lost(e.to_string()))
     }
 }
 
@@ -130,25 +181,62 @@ pub struct Broker {
 }
 
 impl Broker {
-    /// A broker committing orders to `store` and counting into `counters`.
-    pub fn new(config: BrokerConfig, store: SharedStore, counters: Arc<Counters>) -> Self {
-        let state = State::new(
+    /// A broker committing orders to `store` and counting into `counters`, its persistent sessions restored from
+    /// `config.state_dir` (see [`persist`](super::persist) for what a damaged file does).
+    pub fn new(
+        config: BrokerConfig,
+        store: SharedStore,
+        counters: Arc<Counters>,
+    ) -> Result<Self, PersistError> {
+        let mut state = State::new(
             config.limits.clone(),
             counters.clone(),
             std::time::Instant::now(),
         );
-        Broker {
+        let (sessions, recovery) = match &config.state_dir {
+            Some(dir) => {
+                let (sessions, recovery) = SessionStore::open(dir, &mut state)?;
+                (Some(sessions), Some(recovery))
+            }
+            None => (None, None),
+        };
+        Ok(Broker {
             shared: Arc::new(Shared {
                 locked: Mutex::new(Locked {
                     state,
                     signals: HashMap::new(),
                     scratch: Vec::new(),
+                    sessions,
                 }),
                 config,
                 store,
                 counters,
                 next_conn: AtomicU64::new(1),
+                recovery,
             }),
+        })
+    }
+
+    /// What the start restored from the state directory, if there is one.
+    pub fn recovery(&self) -> Option<Recovery> {
+        self.shared.recovery
+    }
+
+    /// Stop the session writer once the records handed over so far are durable, releasing the state directory's
+    /// lock; the future resolves when it has. The request is made at the call, so dropping the future still
+    /// closes. Call it when the broker stops (the future of [`Broker::run`] dropped); records made after it are
+    /// never acknowledged.
+    pub fn close(&self) -> impl std::future::Future<Output = ()> {
+        let close = self
+            .shared
+            .lock()
+            .sessions
+            .as_ref()
+            .map(SessionStore::close);
+        async move {
+            if let Some(close) = close {
+                close.await;
+            }
         }
     }
 
@@ -193,7 +281,10 @@ pub async fn serve(
             tls: None,
         });
     }
-    Broker::new(config, store, counters).run(listeners).await
+    Broker::new(config, store, counters)
+        .map_err(|e| TransportError::Io(std::io::Error::other(e)))?
+        .run(listeners)
+        .await
 }
 
 /// Allow as many open files as the hard limit permits: each connection is one.
@@ -327,6 +418,7 @@ where
         identity,
         opened.into_std(),
         shared.config.connect_timeout,
+        shared.config.max_idle,
         shared.counters.clone(),
     );
     let reason = read_loop(&shared, &mut conn, rd, &control, &signal).await;
@@ -352,13 +444,17 @@ async fn read_loop<R: AsyncRead + Unpin>(
     loop {
         // Every whole frame in the buffer, then the actions they produced (one store commit for their orders).
         let mut closing = None;
+        let mut durable = None;
         loop {
             match read_packet(&mut buf, max) {
                 Ok(Some(packet)) => {
                     let now = std::time::Instant::now();
-                    if let Err(close) =
-                        shared.with_state(|s| conn.handle(s, packet, now, &mut actions))
-                    {
+                    let (handled, barrier) =
+                        shared.step(|s| conn.handle(s, packet, now, &mut actions));
+                    // Acknowledgements wait for every session record made so far, not only this step's: a
+                    // repeated QoS 2 PUBLISH, say, makes none but is acknowledged on the strength of earlier ones.
+                    durable = barrier.all.or(durable);
+                    if let Err(close) = handled {
                         closing = Some(close);
                         break;
                     }
@@ -370,6 +466,11 @@ async fn read_loop<R: AsyncRead + Unpin>(
                 }
             }
         }
+        if !actions.is_empty() {
+            if let Err(close) = shared.settle(durable).await {
+                return close;
+            }
+        }
         if let Err(close) = execute(shared, &mut actions, control).await {
             return close;
         }
@@ -379,19 +480,21 @@ async fn read_loop<R: AsyncRead + Unpin>(
         if buf.capacity() - buf.len() < 1024 {
             buf.reserve(8192);
         }
-        let deadline = conn.deadline().map(Instant::from_std);
+        let deadline = Instant::from_std(conn.deadline());
         tokio::select! {
             read = rd.read_buf(&mut buf) => match read {
                 Ok(0) => return Close::Eof,
                 Ok(_) => {}
                 Err(e) => return Close::Lost(e.to_string()),
             },
-            _ = sleep_until(deadline) => {
+            _ = tokio::time::sleep_until(deadline) => {
                 if let Some(close) = conn.handle_timeout(std::time::Instant::now()) {
                     return close;
                 }
             }
             _ = signal.kick.notified() => return Close::TakenOver,
+            // The writer gave up on a client that stopped reading.
+            _ = control.closed() => return Close::Lost("write stalled".into()),
         }
     }
 }
@@ -411,9 +514,9 @@ async fn execute(
     let mut acks = Vec::new();
     for action in actions.drain(..) {
         match action {
-            Action::Commit { order, packet_id } => {
+            Action::Commit { order, ack } => {
                 orders.push(order);
-                acks.extend(packet_id);
+                acks.extend(ack);
             }
             Action::Send(packet) => {
                 commit(shared, &mut orders, &mut acks, &mut out).await?;
@@ -434,7 +537,7 @@ async fn execute(
 async fn commit(
     shared: &Shared,
     orders: &mut Vec<transport_core::Order>,
-    acks: &mut Vec<crate::codec::PacketId>,
+    acks: &mut Vec<Packet>,
     out: &mut BytesMut,
 ) -> Result<(), Close> {
     if orders.is_empty() {
@@ -446,8 +549,8 @@ async fn commit(
         .commit(std::mem::take(orders))
         .await
         .map_err(|e| Close::Lost(format!("store: {e}")))?;
-    for id in acks.drain(..) {
-        encode(&Packet::PubAck(id), out);
+    for ack in acks.drain(..) {
+        encode(&ack, out);
     }
     Ok(())
 }
@@ -465,6 +568,7 @@ async fn write_loop<W: AsyncWrite + Unpin>(
     signal: Arc<Signal>,
 ) {
     let batch = shared.config.write_batch;
+    let stall = shared.config.write_timeout;
     let mut buf = BytesMut::with_capacity(4096);
     let mut carried: Option<Bytes> = None;
     let mut connack_written = false;
@@ -486,10 +590,16 @@ async fn write_loop<W: AsyncWrite + Unpin>(
         }
         let has_control = !buf.is_empty();
         if connack_written || has_control {
-            shared.with_state(|s| s.poll_transmit(id, &mut buf, batch));
+            let (_, barrier) = shared.step(|s| s.poll_transmit(id, &mut buf, batch));
+            // Deliveries go out only once their in-flight records are on disk.
+            if shared.settle(barrier.own).await.is_err() {
+                return;
+            }
         }
         if !buf.is_empty() {
-            if wr.write_all(&buf).await.is_err() || wr.flush().await.is_err() {
+            let write = async { wr.write_all(&buf).await.and(wr.flush().await) };
+            // A client that stops reading would otherwise hold this task, and its session, for ever.
+            if !matches!(tokio::time::timeout(stall, write).await, Ok(Ok(()))) {
                 return;
             }
             connack_written |= has_control;
@@ -507,11 +617,4 @@ async fn write_loop<W: AsyncWrite + Unpin>(
         }
     }
     let _ = tokio::time::timeout(CLOSE_GRACE, wr.shutdown()).await;
-}
-
-async fn sleep_until(at: Option<Instant>) {
-    match at {
-        Some(at) => tokio::time::sleep_until(at).await,
-        None => std::future::pending().await,
-    }
 }

@@ -1,6 +1,8 @@
 //! What the integration tests share: a broker on 127.0.0.1 port 0 with a fresh PKI and store, and TLS clients.
 #![allow(dead_code)]
 
+pub mod process;
+
 use std::net::SocketAddr;
 use std::path::PathBuf;
 use std::sync::Arc;
@@ -57,7 +59,11 @@ impl TestBroker {
             plain = Some(tcp.local_addr().unwrap());
             listeners.push(Listener { tcp, tls: None });
         }
-        let broker = RunningBroker::new(config, Arc::new(store.clone()), counters.clone());
+        let config = BrokerConfig {
+            state_dir: config.state_dir.or(Some(dir.path().join("store"))),
+            ..config
+        };
+        let broker = RunningBroker::new(config, Arc::new(store.clone()), counters.clone()).unwrap();
         let run = broker.clone().run(listeners);
         let task = tokio::spawn(async move {
             if let Err(e) = run.await {
@@ -143,4 +149,32 @@ where
             Ok(Err(_)) => return true,
         }
     }
+}
+
+/// Whether the mosquitto `binaries` are installed; without them, fail saying what to install, unless
+/// `LB_SKIP_MOSQUITTO=1` asks to skip, in which case say loudly that `test` was skipped.
+pub fn mosquitto_available(test: &str, binaries: &[&str]) -> bool {
+    use transport_mqtt::mosquitto::{find_binary, INSTALL_HINT};
+    let missing: Vec<&str> = binaries
+        .iter()
+        .copied()
+        .filter(|b| find_binary(b).is_none())
+        .collect();
+    if missing.is_empty() {
+        return true;
+    }
+    if std::env::var("LB_SKIP_MOSQUITTO").as_deref() == Ok("1") {
+        // Written to the stream itself, not through eprintln!, so the test harness does not hide it.
+        use std::io::Write;
+        let _ = writeln!(
+            std::io::stderr(),
+            "\n!!!!! SKIPPED {test}: {} not installed (LB_SKIP_MOSQUITTO=1) !!!!!\n",
+            missing.join(", ")
+        );
+        return false;
+    }
+    panic!(
+        "{} not found: {INSTALL_HINT} (or set LB_SKIP_MOSQUITTO=1 to skip these tests)",
+        missing.join(", ")
+    );
 }

@@ -2,7 +2,7 @@
 
 use super::*;
 use crate::broker::state::SessionLimits;
-use crate::codec::{Connect, LastWill, Subscribe};
+use crate::codec::{read_packet, Connect, LastWill, PacketId, Subscribe};
 use bytes::{Bytes, BytesMut};
 use transport_core::framing::encode_order_body;
 use transport_core::OrderId;
@@ -34,6 +34,7 @@ impl Pair {
             identity.map(String::from),
             self.t0,
             Duration::from_secs(10),
+            Duration::from_secs(600),
             self.counters.clone(),
         )
     }
@@ -54,6 +55,17 @@ impl Pair {
         let (out, r) = self.handle(c, p, at);
         assert_eq!(r, Ok(()));
         out
+    }
+}
+
+fn connect_packet_of(client_id: &str) -> Connect {
+    Connect {
+        clean_session: true,
+        keep_alive: 0,
+        client_id: client_id.into(),
+        will: None,
+        username: None,
+        password: None,
     }
 }
 
@@ -217,13 +229,13 @@ fn another_protocol_level_gets_return_code_1() {
 fn connect_timeout_and_keepalive_at_one_and_a_half_periods() {
     let mut t = Pair::new();
     let c = t.conn(1, Some("dev-1"));
-    assert_eq!(c.deadline(), Some(t.at(10.0)));
+    assert_eq!(c.deadline(), t.at(10.0));
     assert_eq!(c.handle_timeout(t.at(9.9)), None);
     assert_eq!(c.handle_timeout(t.at(10.0)), Some(Close::ConnectTimeout));
 
     let mut c = t.conn(2, Some("dev-1"));
     t.ok(&mut c, connect("dev-1", true, 10), 1.0);
-    assert_eq!(c.deadline(), Some(t.at(16.0)));
+    assert_eq!(c.deadline(), t.at(16.0));
     assert_eq!(c.handle_timeout(t.at(15.9)), None);
     let (out, _) = t.handle(&mut c, Packet::PingReq, 12.0);
     assert_eq!(out, [Action::Send(Packet::PingResp)]);
@@ -232,7 +244,17 @@ fn connect_timeout_and_keepalive_at_one_and_a_half_periods() {
 
     let mut c = t.conn(3, Some("dev-3"));
     t.ok(&mut c, connect("dev-3", true, 0), 1.0);
-    assert_eq!(c.deadline(), None, "keepalive 0: no timeout");
+    assert_eq!(
+        c.deadline(),
+        t.at(601.0),
+        "keepalive 0: the broker's max_idle applies"
+    );
+    assert_eq!(c.handle_timeout(t.at(601.0)), Some(Close::KeepaliveExpired));
+
+    // A keepalive whose 1.5 periods exceed max_idle is held to max_idle.
+    let mut c = t.conn(4, Some("dev-4"));
+    t.ok(&mut c, connect("dev-4", true, 65_535), 1.0);
+    assert_eq!(c.deadline(), t.at(601.0));
 }
 
 #[test]
@@ -247,7 +269,7 @@ fn orders_are_committed_only_from_their_own_device() {
         out,
         [Action::Commit {
             order,
-            packet_id: Some(id(9))
+            ack: Some(Packet::PubAck(id(9)))
         }],
         "no PUBACK before the commit"
     );
@@ -274,28 +296,110 @@ fn orders_are_committed_only_from_their_own_device() {
     assert_eq!(t.broker.stats().messages_received, 4);
 }
 
+/// Everything the broker would write to `conn` now, decoded.
+fn written(t: &mut Pair, conn: u64) -> Vec<Packet> {
+    let mut buf = BytesMut::new();
+    t.broker.poll_transmit(ConnId(conn), &mut buf, usize::MAX);
+    let mut out = Vec::new();
+    while let Some(p) = read_packet(&mut buf, usize::MAX).unwrap() {
+        out.push(p);
+    }
+    out
+}
+
 #[test]
-fn qos2_and_server_packets_close_the_connection() {
+fn a_qos2_publish_is_delivered_once_until_its_pubrel() {
+    let mut t = Pair::new();
+    let mut sub = t.conn(1, Some("s"));
+    t.ok(&mut sub, connect("s", true, 0), 0.0);
+    let subscribe = Packet::Subscribe(Subscribe {
+        packet_id: id(1),
+        filters: vec![("t".into(), QoS::ExactlyOnce)],
+    });
+    t.ok(&mut sub, subscribe, 0.0);
+    let mut c = t.conn(2, Some("d"));
+    t.ok(&mut c, connect("d", false, 0), 0.0);
+    let q2 = |dup| {
+        Packet::Publish(Publish {
+            dup,
+            qos: QoS::ExactlyOnce,
+            retain: false,
+            topic: "t".into(),
+            packet_id: Some(id(5)),
+            payload: Bytes::from_static(b"once"),
+        })
+    };
+    assert_eq!(
+        t.ok(&mut c, q2(false), 0.0),
+        [Action::Send(Packet::PubRec(id(5)))]
+    );
+    // Sent again before the PUBREL (with or without DUP): acknowledged, not delivered again [MQTT-4.3.3-2].
+    assert_eq!(
+        t.ok(&mut c, q2(true), 0.1),
+        [Action::Send(Packet::PubRec(id(5)))]
+    );
+    assert_eq!(
+        t.ok(&mut c, q2(false), 0.1),
+        [Action::Send(Packet::PubRec(id(5)))]
+    );
+    let got = written(&mut t, 1);
+    assert_eq!(got.len(), 1, "{got:?}");
+    assert_eq!(
+        t.ok(&mut c, Packet::PubRel(id(5)), 0.2),
+        [Action::Send(Packet::PubComp(id(5)))]
+    );
+    // A PUBREL for an identifier not held is answered all the same.
+    assert_eq!(
+        t.ok(&mut c, Packet::PubRel(id(6)), 0.2),
+        [Action::Send(Packet::PubComp(id(6)))]
+    );
+    // After PUBCOMP the identifier names a new message.
+    t.ok(&mut c, q2(false), 0.3);
+    assert_eq!(written(&mut t, 1).len(), 1);
+}
+
+#[test]
+fn a_qos2_order_is_committed_before_pubrec_and_again_when_resent() {
+    let mut t = Pair::new();
+    let mut c = t.conn(1, Some("dev-4"));
+    t.ok(&mut c, connect("dev-4", false, 0), 0.0);
+    let (p, order) = order_publish("orders/dev-4", 4, 9);
+    let Packet::Publish(mut p) = p else {
+        unreachable!()
+    };
+    p.qos = QoS::ExactlyOnce;
+    let commit = Action::Commit {
+        order,
+        ack: Some(Packet::PubRec(id(9))),
+    };
+    assert_eq!(
+        t.ok(&mut c, Packet::Publish(p.clone()), 0.0),
+        std::slice::from_ref(&commit)
+    );
+    p.dup = true;
+    assert_eq!(t.ok(&mut c, Packet::Publish(p), 0.1), [commit]);
+    assert_eq!(
+        t.ok(&mut c, Packet::PubRel(id(9)), 0.2),
+        [Action::Send(Packet::PubComp(id(9)))]
+    );
+}
+
+#[test]
+fn packets_only_a_server_sends_close_the_connection() {
     let mut t = Pair::new();
     let mut c = t.conn(1, Some("d"));
     t.ok(&mut c, connect("d", true, 0), 0.0);
-    let q2 = Packet::Publish(Publish {
-        dup: false,
-        qos: QoS::ExactlyOnce,
-        retain: false,
-        topic: "t".into(),
-        packet_id: Some(id(1)),
-        payload: Bytes::new(),
-    });
-    assert_eq!(t.handle(&mut c, q2, 0.0).1, Err(Close::QoS2));
-    assert_eq!(
-        t.handle(&mut c, Packet::PubRel(id(1)), 0.0).1,
-        Err(Close::Unexpected(PacketType::PubRel))
-    );
-    assert_eq!(
-        t.handle(&mut c, Packet::PingResp, 0.0).1,
-        Err(Close::Unexpected(PacketType::PingResp))
-    );
+    for p in [
+        Packet::PingResp,
+        Packet::UnsubAck(id(1)),
+        Packet::ConnAck(ConnAck {
+            session_present: false,
+            code: ConnectReturnCode::Accepted,
+        }),
+    ] {
+        let ty = p.packet_type();
+        assert_eq!(t.handle(&mut c, p, 0.0).1, Err(Close::Unexpected(ty)));
+    }
     assert_eq!(
         t.handle(&mut c, Packet::Disconnect, 0.0).1,
         Err(Close::Disconnect)
@@ -336,5 +440,82 @@ fn publishes_are_acknowledged_and_dollar_topics_not_routed() {
         t.broker.poll_transmit(ConnId(1), &mut buf, usize::MAX),
         0,
         "a client cannot publish into $SYS"
+    );
+}
+
+#[test]
+fn wills_obey_the_rules_a_publish_obeys() {
+    let mut t = Pair::new();
+    let deep = vec!["w"; topic::MAX_LEVELS + 1].join("/");
+    for (n, topic) in [
+        (1, "$SYS/broker/uptime"),
+        (2, "orders/dev-1"),
+        (3, deep.as_str()),
+    ] {
+        let mut c = t.conn(n, Some("dev-1"));
+        let p = Packet::Connect(Connect {
+            will: Some(LastWill {
+                topic: topic.into(),
+                message: Bytes::from_static(b"x"),
+                qos: QoS::AtLeastOnce,
+                retain: true,
+            }),
+            ..connect_packet_of("dev-1")
+        });
+        let (out, r) = t.handle(&mut c, p, 0.0);
+        assert_eq!(
+            out,
+            [connack(ConnectReturnCode::NotAuthorized, false)],
+            "{topic}"
+        );
+        assert_eq!(r, Err(Close::Refused(ConnectReturnCode::NotAuthorized)));
+    }
+    assert_eq!(t.broker.stats().sessions, 0);
+}
+
+#[test]
+fn a_plaintext_client_cannot_place_orders_even_under_a_device_name() {
+    let mut t = Pair::new();
+    let mut c = t.conn(1, None);
+    t.ok(&mut c, connect("dev-4", true, 0), 0.0);
+    let (p, _) = order_publish("orders/dev-4", 4, 9);
+    assert_eq!(
+        t.handle(&mut c, p, 0.1).1,
+        Err(Close::OrderRefused(OrderRefusal::Unverified))
+    );
+}
+
+#[test]
+fn deep_topics_and_huge_filter_lists_close_the_connection() {
+    let mut t = Pair::new();
+    let mut c = t.conn(1, Some("d"));
+    t.ok(&mut c, connect("d", true, 0), 0.0);
+    let deep = Packet::Publish(Publish {
+        dup: false,
+        qos: QoS::AtMostOnce,
+        retain: false,
+        topic: vec!["x"; topic::MAX_LEVELS + 1].join("/"),
+        packet_id: None,
+        payload: Bytes::new(),
+    });
+    assert_eq!(t.handle(&mut c, deep, 0.0).1, Err(Close::TopicTooDeep));
+    let many = vec![("a".to_string(), QoS::AtMostOnce); MAX_FILTERS_PER_PACKET + 1];
+    let mut c = t.conn(2, Some("e"));
+    t.ok(&mut c, connect("e", true, 0), 0.0);
+    let at_cap = Packet::Subscribe(Subscribe {
+        packet_id: id(1),
+        filters: many[1..].to_vec(),
+    });
+    assert!(matches!(
+        t.ok(&mut c, at_cap, 0.0)[..],
+        [Action::Send(Packet::SubAck(_))]
+    ));
+    let over = Packet::Subscribe(Subscribe {
+        packet_id: id(2),
+        filters: many,
+    });
+    assert_eq!(
+        t.handle(&mut c, over, 0.0).1,
+        Err(Close::TooManyFilters(MAX_FILTERS_PER_PACKET + 1))
     );
 }
