@@ -180,7 +180,7 @@ impl Transport for Pure {
             disconnect: Support::No(
                 "a Pure link is connectionless: there is nothing to close, a device simply stops sending",
             ),
-            pubsub: Support::No("the Pure receiver has no publish/subscribe relay yet"),
+            pubsub: Support::Yes,
             memory: MemorySource::Rss,
         }
     }
