@@ -5,8 +5,9 @@
 //! per subscribed device, its wire (sender run, source address, how its deliveries are sealed), its channels, and two
 //! bounded queues:
 //!
-//! - **QoS 0**: at most [`RelayConfig::waiting0`] messages waiting to be sent; a message that finds the queue full is
-//!   dropped for that subscriber and counted (`dropped`). Sent once, never re-sent, never answered.
+//! - **QoS 0**: at most [`RelayConfig::waiting0`] messages waiting to be sent; a message that finds the queue full, or
+//!   is not sent within [`RelayConfig::deadline0`] of its publish, is dropped for that subscriber and counted
+//!   (`dropped`). Sent once, never re-sent, never answered.
 //! - **QoS 1**: at most [`RelayConfig::held`] messages held (waiting and in flight together). A QoS 1 publish is
 //!   taken only if every subscriber getting it at QoS 1 has room; otherwise it is not taken and not answered, and the
 //!   publisher sends it again on its timer: back-pressure reaches the publisher, nothing is dropped. Deliveries in
@@ -37,6 +38,8 @@ pub struct RelayConfig {
     pub held: usize,
     /// QoS 0 messages waiting per subscriber.
     pub waiting0: usize,
+    /// A QoS 0 message not sent within this long of its publish is dropped.
+    pub deadline0: Duration,
     /// Channels one device may subscribe to.
     pub channels: usize,
     /// A subscription not refreshed for this long is dropped (three of the devices' refreshes).
@@ -49,6 +52,7 @@ impl Default for RelayConfig {
             flow: FlowConfig::default(),
             held: 1024,
             waiting0: 256,
+            deadline0: Duration::from_secs(1),
             channels: 64,
             expire: Duration::from_secs(15),
         }
@@ -76,6 +80,8 @@ pub struct Forged;
 
 #[derive(Clone)]
 struct Message {
+    /// When it was published.
+    at: Instant,
     channel: u32,
     id: u64,
     /// Shared by every subscriber it goes to.
@@ -288,13 +294,12 @@ impl Relay {
             return true;
         };
         let expire = self.config.expire;
-        let stale: Vec<usize> = list
-            .iter()
-            .copied()
-            .filter(|i| self.subscribers[i].refreshed + expire <= now)
-            .collect();
-        for i in stale {
-            self.expire(i);
+        let lapsed = |i: &usize| self.subscribers[i].refreshed + expire <= now;
+        if list.iter().any(lapsed) {
+            let stale: Vec<usize> = list.iter().copied().filter(lapsed).collect();
+            for i in stale {
+                self.expire(i);
+            }
         }
         let Some(list) = self.channels.get(&channel) else {
             return true;
@@ -307,6 +312,7 @@ impl Relay {
             return false;
         }
         let message = Message {
+            at: now,
             channel,
             id,
             payload: Arc::from(payload),
@@ -319,6 +325,10 @@ impl Relay {
             let Some(sub_qos) = s.qos(channel) else {
                 continue;
             };
+            if sub_qos == QoS::AtMostOnce || qos == QoS::AtMostOnce {
+                let late = drop_late(&mut s.waiting0, now, self.config.deadline0);
+                Counters::add(&self.counters.dropped, late);
+            }
             match min_qos(qos, sub_qos) {
                 QoS::AtLeastOnce => s.waiting1.push_back(message.clone()),
                 QoS::AtMostOnce if s.waiting0.len() < self.config.waiting0 => {
@@ -493,6 +503,8 @@ impl Relay {
                 buf.extend_from_slice(frame);
                 s.flight.sent(now, n);
             }
+            let late = drop_late(&mut s.waiting0, now, self.config.deadline0);
+            Counters::add(&self.counters.dropped, late);
             while let Some(m) = s.waiting0.front() {
                 let len = wire::record_len(self.kind, Op::Deliver0, m.payload.len());
                 if !buf.is_empty() && buf.len() + len > MAX_DATAGRAM {
@@ -515,6 +527,16 @@ impl Relay {
         }
         None
     }
+}
+
+/// Drop the QoS 0 messages that waited longer than `deadline` (the oldest are first); returns how many.
+fn drop_late(waiting: &mut VecDeque<Message>, now: Instant, deadline: Duration) -> u64 {
+    let mut late = 0;
+    while waiting.front().is_some_and(|m| m.at + deadline <= now) {
+        waiting.pop_front();
+        late += 1;
+    }
+    late
 }
 
 /// What sealing a delivery on one subscriber's wire needs.

@@ -265,6 +265,16 @@ fn qos0_messages_a_subscriber_cannot_take_in_time_are_dropped_and_counted() {
         1 + bound,
         "the first relayed, then those held"
     );
+    // Ten more, and the receiver does not get to send them within the deadline: dropped, not sent late.
+    for id in 1000..1010 {
+        let p = net.publish_only(1, id, QoS::AtMostOnce);
+        net.receiver.handle(net.now, Net::addr(1), &p);
+    }
+    assert_eq!(net.receiver.relay().held(), 10);
+    net.now += RelayConfig::default().deadline0;
+    assert!(net.receiver_output().is_empty());
+    assert_eq!(net.receiver.relay().held(), 0);
+    assert_eq!(net.counters.snapshot().dropped, 1010 - bound as u64);
 }
 
 #[test]
