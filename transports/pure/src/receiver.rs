@@ -120,7 +120,6 @@ struct LinkWire {
 }
 
 /// Why a record was refused (each counted under its kind).
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
 enum Refused {
     Malformed,
     Unknown,
@@ -241,12 +240,19 @@ impl Receiver {
         };
         for frame in wire::frames(datagram) {
             let result = match frame {
-                Ok(Frame::Record(r)) if !r.op.to_device() => {
+                Ok(Frame::Record(r)) if !r.op.to_device() && r.kind == self.kind => {
                     Counters::inc(&self.counters.received);
                     self.record(now, from, &r, &mut budget)
                 }
-                Ok(Frame::Answer(a)) if a.op == Op::Deliver1 => self.delivery_answer(now, &a),
-                _ => Err(Refused::Malformed),
+                Ok(Frame::Answer(a)) if a.op == Op::Deliver1 && a.kind == self.kind => {
+                    self.delivery_answer(now, &a)
+                }
+                _ => {
+                    // Unparsable (the rest of the datagram is unaligned), of the wrong direction or of another
+                    // variant: no honest device sends it, nothing after it is read.
+                    Counters::inc(&self.counters.refused_malformed);
+                    break;
+                }
             };
             if let Err(e) = result {
                 budget.refused = true;
@@ -255,20 +261,12 @@ impl Receiver {
                     Refused::Unknown => &self.counters.refused_unknown,
                     Refused::Forged => &self.counters.refused_forged,
                 });
-                if e == Refused::Malformed {
-                    // A malformed frame leaves the rest of the datagram unaligned, or is of the wrong direction:
-                    // nothing after it is read.
-                    break;
-                }
             }
         }
     }
 
     /// A device's answer to a QoS 1 delivery.
     fn delivery_answer(&mut self, now: Instant, a: &Answer<'_>) -> Result<(), Refused> {
-        if a.kind != self.kind {
-            return Err(Refused::Malformed);
-        }
         let (index, _) = self.senders.find(&a.key_id).ok_or(Refused::Unknown)?;
         self.relay
             .answered(now, index, a)
@@ -282,9 +280,6 @@ impl Receiver {
         r: &Record<'_>,
         budget: &mut SetupBudget,
     ) -> Result<(), Refused> {
-        if r.kind != self.kind {
-            return Err(Refused::Malformed);
-        }
         let (index, sender) = self.senders.find(&r.key_id).ok_or(Refused::Unknown)?;
         let (sender_id, sender_public) = (sender.sender_id, sender.public);
         let opened = match r.kind {

@@ -339,3 +339,30 @@ fn one_delivery_never_answered_holds_numbering_within_the_devices_window_and_not
     want.sort_unstable();
     assert_eq!(got, want);
 }
+
+#[test]
+fn a_record_refused_for_what_it_says_does_not_hide_the_next_but_another_variant_ends_the_datagram()
+{
+    let (mut net, subscribe) = subscribed(Kind::Plain, QoS::AtMostOnce);
+    let mut bad_qos = subscribe.clone();
+    *bad_qos.last_mut().unwrap() = 7;
+    let publish = net.publish_only(1, 6000, QoS::AtMostOnce);
+    let before = net.counters.snapshot();
+    net.receiver.handle(
+        net.now,
+        Net::addr(0),
+        &[bad_qos.clone(), publish.clone()].concat(),
+    );
+    let c = net.counters.snapshot().since(&before);
+    assert_eq!(c.refused_malformed, 1, "{c:?}");
+    let out = net.receiver_output();
+    assert_eq!(out.len(), 1, "the publish after it was relayed");
+    assert_eq!(ops(&out[0].1), [(Op::Deliver0, false)]);
+    // The same subscribe claiming another variant: the walk ends there, the publish after it is not read.
+    let mut other_variant = bad_qos;
+    other_variant[1] = wire::kind_byte(Kind::HpkeSession, Op::Subscribe, false);
+    let publish = net.publish_only(1, 6001, QoS::AtMostOnce);
+    net.receiver
+        .handle(net.now, Net::addr(0), &[other_variant, publish].concat());
+    assert!(net.receiver_output().is_empty());
+}
