@@ -23,10 +23,10 @@
 //!
 //! The key id and run name the device's wire (its key and its sender run), also in deliveries. The number is the
 //! order's seq (op 0) or the frame's number in its op's own count (ops 1-5, from 0 per wire). The variant header
-//! is, for device → receiver ops: empty (plain), the HPKE enc [32] (hpke kinds), the receiver run u64 the device
-//! knows (link); for deliveries: the receiver run u64, and for hpke-per-request the enc [32] of the delivery's own
-//! setup. The body is the sealed plaintext and its tag [16] (no tag for plain); the plaintext starts with the op's
-//! fixed fields:
+//! is, for device → receiver ops: empty (plain), the 32-byte HPKE enc (hpke kinds), the receiver run u64 the
+//! device knows (link); for deliveries: the receiver run u64, and for hpke-per-request the enc of the delivery's
+//! own setup. The body is the sealed plaintext and its 16-byte tag (no tag for plain); the plaintext starts with
+//! the op's fixed fields:
 //!
 //! ```text
 //!   order      made_us u64 | payload
