@@ -398,3 +398,112 @@ async fn devices_sharing_a_socket_each_get_their_answers() {
     f.fleet.close().await;
     run.finish().await;
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_real_server_relays_qos0_at_most_once_and_qos1_exactly_once_to_every_subscriber() {
+    use std::collections::HashMap;
+    use transport_core::{Publish, QoS};
+    const SUBSCRIBERS: u32 = 4;
+    const MESSAGES: u64 = 300;
+    for spec in [
+        "pure",
+        "pure:hpke-session",
+        "pure:hpke-per-request",
+        "pure:plain",
+    ] {
+        let dir = tempfile::tempdir().unwrap();
+        let h = harness(dir.path());
+        let t = Box::new(transport_pure::variant(spec).unwrap());
+        assert!(t.capabilities().pubsub.is_yes());
+        let mut run = begin(&h, t.as_ref(), "relay", SUBSCRIBERS + 1);
+        let addr = run.start_server().await.unwrap();
+        let mut f = run.fleet(addr, SUBSCRIBERS + 1).await.unwrap();
+        // Device 0 publishes; devices 1.. subscribe to channel 1 at QoS 1 and channel 2 at QoS 0.
+        for d in 1..=SUBSCRIBERS {
+            f.fleet.subscribe(d, 1, QoS::AtLeastOnce).await.unwrap();
+            f.fleet.subscribe(d, 2, QoS::AtMostOnce).await.unwrap();
+        }
+        for id in 0..MESSAGES {
+            for (channel, qos, id) in [(1, QoS::AtLeastOnce, id), (2, QoS::AtMostOnce, 10_000 + id)]
+            {
+                let size = 64;
+                f.fleet.publish(
+                    0,
+                    Publish {
+                        channel,
+                        id,
+                        qos,
+                        size,
+                    },
+                );
+            }
+            if id % 50 == 49 {
+                // An open loop in bursts, as a workload at a rate would send.
+                tokio::time::sleep(Duration::from_millis(5)).await;
+            }
+        }
+        let mut accepted = HashMap::<u64, u32>::new();
+        let mut delivered = HashMap::<(u32, u64), u32>::new();
+        let qos1 = |d: &HashMap<(u32, u64), u32>| d.keys().filter(|(_, id)| *id < 10_000).count();
+        let want = (SUBSCRIBERS as u64 * MESSAGES) as usize;
+        let deadline = Instant::now() + Duration::from_secs(60);
+        f.until(deadline, |e| {
+            match *e {
+                LinkEvent::Accepted { device, id, .. } => {
+                    assert_eq!(device, 0);
+                    *accepted.entry(id).or_default() += 1;
+                }
+                LinkEvent::Delivered { device, id, .. } => {
+                    *delivered.entry((device, id)).or_default() += 1;
+                }
+                _ => {}
+            }
+            accepted.len() == 2 * MESSAGES as usize && qos1(&delivered) == want
+        })
+        .await;
+        // QoS 0 deliveries still on their way.
+        f.until(Instant::now() + Duration::from_millis(500), |e| {
+            if let LinkEvent::Delivered { device, id, .. } = *e {
+                *delivered.entry((device, id)).or_default() += 1;
+            }
+            false
+        })
+        .await;
+        assert_eq!(
+            accepted.len(),
+            2 * MESSAGES as usize,
+            "{spec}: all accepted"
+        );
+        assert!(
+            accepted.values().all(|n| *n == 1),
+            "{spec}: accepted once each"
+        );
+        assert_eq!(f.fleet.publishing(), 0, "{spec}");
+        assert_eq!(
+            qos1(&delivered),
+            want,
+            "{spec}: every QoS 1 message to every subscriber"
+        );
+        assert!(
+            delivered.values().all(|n| *n == 1),
+            "{spec}: each delivered once"
+        );
+        assert!(
+            delivered.keys().all(|(d, _)| (1..=SUBSCRIBERS).contains(d)),
+            "{spec}"
+        );
+        let qos0 = delivered.len() - want;
+        let stats = run.server_stats().await.unwrap();
+        let c = stats.counters;
+        // Nothing silently missing: what the server did not deliver at QoS 0 it counted.
+        assert_eq!(qos0 as u64 + c.dropped, want as u64, "{spec}: {c:?}");
+        assert_eq!(c.refused(), 0, "{spec}: {c:?}");
+        assert_eq!(f.counters.snapshot().refused(), 0, "{spec}");
+        // Publishes never reach the store.
+        f.fleet.close().await;
+        run.server().unwrap().shutdown().await.unwrap();
+        let audit = transport_store::audit(&run.dirs.store, &[], &[]).unwrap();
+        run.finish().await;
+        assert_eq!(audit.applied, 0, "{spec}: {audit:?}");
+    }
+}

@@ -41,6 +41,28 @@ impl<K: Hash + Eq + Clone, V> Bounded<K, V> {
         self.young.get(key)
     }
 
+    /// The value of `key` to change, marking it used.
+    pub fn get_mut<Q>(&mut self, key: &Q) -> Option<&mut V>
+    where
+        K: Borrow<Q>,
+        Q: Hash + Eq + ?Sized,
+    {
+        if !self.young.contains_key(key) {
+            let (k, v) = self.old.remove_entry(key)?;
+            self.insert_young(k, v);
+        }
+        self.young.get_mut(key)
+    }
+
+    /// The value of `key`, inserted from `make` if missing, marking it used.
+    pub fn get_or_insert_with(&mut self, key: K, make: impl FnOnce() -> V) -> &mut V {
+        if !self.young.contains_key(&key) {
+            let value = self.old.remove(&key).unwrap_or_else(make);
+            self.insert_young(key.clone(), value);
+        }
+        self.young.get_mut(&key).expect("inserted above")
+    }
+
     /// Insert or replace the value of `key`.
     pub fn insert(&mut self, key: K, value: V) {
         self.old.remove(&key);

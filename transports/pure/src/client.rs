@@ -1,13 +1,19 @@
 //! The devices' UDP driver: a [`Fleet`] of [`Sender`]s sharing a few sockets.
 //!
 //! Devices are spread over up to [`MAX_SHARDS`] shards; each shard is one tokio task with one UDP socket and the
-//! sans-IO senders of its devices. Answers are routed to a device by the key id they carry. Every device keeps its
-//! own key, run, window and timers; sharing a socket only saves file descriptors (10,000 devices fit under a cap of
-//! 20,000 open files with room to spare).
+//! sans-IO senders of its devices. Answers and deliveries are routed to a device by the key id they carry, so the
+//! routing holds whether devices share a socket or not. Every device keeps its own key, runs, window and timers;
+//! sharing a socket only saves file descriptors (10,000 devices fit under a cap of 20,000 open files with room to
+//! spare).
+//!
+//! Publish/subscribe: [`Fleet::subscribe`] resolves when the receiver answers the subscribe; [`Fleet::publish`]
+//! makes a payload of the asked size that starts with the message id, and reports [`LinkEvent::Accepted`] when the
+//! receiver answers it (QoS 1) or when it is handed to the socket (QoS 0); each subscribed device reports
+//! [`LinkEvent::Delivered`] once per message.
 
 use crate::crypto::NodeKey;
 use crate::sender::{Sender, SenderConfig, SenderEvent};
-use crate::wire::KeyId;
+use crate::wire::{self, KeyId};
 use rand::rngs::StdRng;
 use rand::SeedableRng;
 use std::cmp::Reverse;
@@ -17,20 +23,41 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::Instant;
 use tokio::net::UdpSocket;
-use tokio::sync::{mpsc, watch};
-use transport_core::{BoxFuture, Counters, Fleet, LinkEvent, Order, TransportError};
+use tokio::sync::{mpsc, oneshot, watch};
+use transport_core::{BoxFuture, Counters, Fleet, LinkEvent, Order, Publish, QoS, TransportError};
 
 /// Shards (tasks and sockets) at most.
 pub const MAX_SHARDS: usize = 16;
 
 enum Command {
     Send(u32, Order),
+    Subscribe(u32, u32, QoS, oneshot::Sender<()>),
+    Publish(u32, Publish),
+}
+
+/// The payload of message `id`: `size` bytes (at least 8) that start with the id.
+pub fn payload(id: u64, size: u32) -> Arc<[u8]> {
+    let mut p: Vec<u8> = (0..size.max(8) as usize)
+        .map(|i| (id >> ((i % 8) * 8)) as u8 ^ i as u8)
+        .collect();
+    p[..8].copy_from_slice(&id.to_be_bytes());
+    p.into()
+}
+
+/// The counts the fleet and its shards share.
+#[derive(Default)]
+struct Outstanding {
+    /// Orders handed over and not yet stored.
+    orders: AtomicUsize,
+    /// Messages handed over and not yet accepted.
+    publishes: AtomicUsize,
 }
 
 /// The devices of one run.
 pub struct PureFleet {
     shards: Vec<mpsc::UnboundedSender<Command>>,
-    pending: Arc<AtomicUsize>,
+    devices: u32,
+    outstanding: Arc<Outstanding>,
     stop: watch::Sender<bool>,
     tasks: std::sync::Mutex<Vec<tokio::task::JoinHandle<()>>>,
 }
@@ -45,8 +72,9 @@ impl PureFleet {
         events: mpsc::UnboundedSender<LinkEvent>,
         counters: Arc<Counters>,
     ) -> Result<PureFleet, TransportError> {
+        let devices = device_keys.len() as u32;
         let shards = device_keys.len().clamp(1, MAX_SHARDS);
-        let pending = Arc::new(AtomicUsize::new(0));
+        let outstanding = Arc::new(Outstanding::default());
         let (stop, stop_rx) = watch::channel(false);
         let mut per_shard: Vec<Vec<(u32, Sender)>> = (0..shards).map(|_| Vec::new()).collect();
         for (n, key) in device_keys.into_iter().enumerate() {
@@ -70,13 +98,21 @@ impl PureFleet {
             let socket = UdpSocket::bind(bind).await?;
             transport_core::net::set_buffers(&socket, 4 << 20)?;
             let (tx, rx) = mpsc::unbounded_channel();
-            let shard = Shard::new(socket, server, devices, events.clone(), pending.clone());
+            let shard = Shard::new(
+                socket,
+                server,
+                devices,
+                events.clone(),
+                outstanding.clone(),
+                counters.clone(),
+            );
             tasks.push(tokio::spawn(shard.run(rx, stop_rx.clone())));
             txs.push(tx);
         }
         Ok(PureFleet {
             shards: txs,
-            pending,
+            devices,
+            outstanding,
             stop,
             tasks: std::sync::Mutex::new(tasks),
         })
@@ -90,13 +126,47 @@ impl Fleet for PureFleet {
     }
 
     fn send(&self, device: u32, order: Order) {
-        self.pending.fetch_add(1, Ordering::Relaxed);
-        let shard = device as usize % self.shards.len();
-        let _ = self.shards[shard].send(Command::Send(device, order));
+        self.outstanding.orders.fetch_add(1, Ordering::Relaxed);
+        if self.command(device, Command::Send(device, order)).is_err() {
+            self.outstanding.orders.fetch_sub(1, Ordering::Relaxed);
+        }
     }
 
     fn pending(&self) -> usize {
-        self.pending.load(Ordering::Relaxed)
+        self.outstanding.orders.load(Ordering::Relaxed)
+    }
+
+    fn subscribe(
+        &self,
+        device: u32,
+        channel: u32,
+        qos: QoS,
+    ) -> BoxFuture<'_, Result<(), TransportError>> {
+        let (tx, rx) = oneshot::channel();
+        let sent = self.command(device, Command::Subscribe(device, channel, qos, tx));
+        Box::pin(async move {
+            sent?;
+            rx.await.map_err(|_| {
+                TransportError::Io(std::io::Error::new(
+                    std::io::ErrorKind::BrokenPipe,
+                    "the fleet closed before the subscription was answered",
+                ))
+            })
+        })
+    }
+
+    fn publish(&self, device: u32, message: Publish) {
+        self.outstanding.publishes.fetch_add(1, Ordering::Relaxed);
+        if self
+            .command(device, Command::Publish(device, message))
+            .is_err()
+        {
+            self.outstanding.publishes.fetch_sub(1, Ordering::Relaxed);
+        }
+    }
+
+    fn publishing(&self) -> usize {
+        self.outstanding.publishes.load(Ordering::Relaxed)
     }
 
     fn close(&self) -> BoxFuture<'_, ()> {
@@ -106,6 +176,25 @@ impl Fleet for PureFleet {
             for t in tasks {
                 let _ = t.await;
             }
+        })
+    }
+}
+
+impl PureFleet {
+    /// Hand a command to the shard of `device`.
+    fn command(&self, device: u32, cmd: Command) -> Result<(), TransportError> {
+        if device >= self.devices {
+            return Err(TransportError::Config(format!(
+                "no device {device}: the fleet has {}",
+                self.devices
+            )));
+        }
+        let shard = device as usize % self.shards.len();
+        self.shards[shard].send(cmd).map_err(|_| {
+            TransportError::Io(std::io::Error::new(
+                std::io::ErrorKind::BrokenPipe,
+                "the fleet is closed",
+            ))
         })
     }
 }
@@ -127,7 +216,10 @@ struct Shard {
     scheduled: Vec<Option<Instant>>,
     dirty: Vec<usize>,
     events: mpsc::UnboundedSender<LinkEvent>,
-    pending: Arc<AtomicUsize>,
+    outstanding: Arc<Outstanding>,
+    counters: Arc<Counters>,
+    /// Subscriptions not answered yet, by (device index, channel).
+    waiters: HashMap<(usize, u32), Vec<oneshot::Sender<()>>>,
 }
 
 impl Shard {
@@ -136,7 +228,8 @@ impl Shard {
         server: SocketAddr,
         devices: Vec<(u32, Sender)>,
         events: mpsc::UnboundedSender<LinkEvent>,
-        pending: Arc<AtomicUsize>,
+        outstanding: Arc<Outstanding>,
+        counters: Arc<Counters>,
     ) -> Shard {
         let by_key = devices
             .iter()
@@ -159,7 +252,9 @@ impl Shard {
             scheduled,
             dirty: Vec::new(),
             events,
-            pending,
+            outstanding,
+            counters,
+            waiters: HashMap::new(),
         }
     }
 
@@ -212,48 +307,90 @@ impl Shard {
     }
 
     fn command(&mut self, now: Instant, cmd: Command) {
-        let Command::Send(device, order) = cmd;
-        if let Some(&i) = self.by_device.get(&device) {
-            self.devices[i].1.push(now, order);
-            self.dirty.push(i);
+        let device = match &cmd {
+            Command::Send(d, _) | Command::Subscribe(d, ..) | Command::Publish(d, _) => *d,
+        };
+        let Some(&i) = self.by_device.get(&device) else {
+            return;
+        };
+        let sender = &mut self.devices[i].1;
+        match cmd {
+            Command::Send(_, order) => sender.push(now, order),
+            Command::Subscribe(_, channel, qos, answered) => {
+                self.waiters.entry((i, channel)).or_default().push(answered);
+                sender.subscribe(now, channel, qos);
+            }
+            Command::Publish(_, m) => {
+                let published = sender.publish(now, m.channel, m.id, m.qos, payload(m.id, m.size));
+                if published.is_err() {
+                    // Larger than a datagram: never sent, never accepted (the workload checks sizes first).
+                    Counters::inc(&self.counters.refused_oversized);
+                    self.outstanding.publishes.fetch_sub(1, Ordering::Relaxed);
+                }
+            }
         }
+        self.dirty.push(i);
     }
 
     fn datagram(&mut self, now: Instant, data: &[u8]) {
-        // The receiver packs the answers for one address into as few datagrams as fit, and the devices of a shard
+        // The receiver packs the frames for one address into as few datagrams as fit, and the devices of a shard
         // share that address: hand each device the run of frames that are its own.
         let mut at = 0;
         while at < data.len() {
-            let Ok((crate::wire::Frame::Answer(a), used)) = crate::wire::parse_frame(&data[at..])
-            else {
+            let Ok((first, used)) = wire::parse_frame(&data[at..]) else {
                 return;
             };
             let mut end = at + used;
             while end < data.len() {
-                match crate::wire::parse_frame(&data[end..]) {
-                    Ok((crate::wire::Frame::Answer(b), n)) if b.key_id == a.key_id => end += n,
+                match wire::parse_frame(&data[end..]) {
+                    Ok((f, n)) if f.key_id() == first.key_id() => end += n,
                     _ => break,
                 }
             }
-            if let Some(&i) = self.by_key.get(&a.key_id) {
-                self.deliver(now, i, &data[at..end]);
+            if let Some(&i) = self.by_key.get(&first.key_id()) {
+                self.devices[i].1.handle(now, &data[at..end]);
+                self.report(now, i);
+                self.dirty.push(i);
             }
             at = end;
         }
     }
 
-    fn deliver(&mut self, now: Instant, i: usize, frames: &[u8]) {
+    /// Report what device `i` has to say.
+    fn report(&mut self, now: Instant, i: usize) {
         let (device, sender) = &mut self.devices[i];
-        sender.handle(now, frames);
-        while let Some(SenderEvent::Stored(id)) = sender.poll_event() {
-            self.pending.fetch_sub(1, Ordering::Relaxed);
-            let _ = self.events.send(LinkEvent::Stored {
-                device: *device,
-                id,
-                at: now,
-            });
+        while let Some(event) = sender.poll_event() {
+            let event = match event {
+                SenderEvent::Stored(id) => {
+                    self.outstanding.orders.fetch_sub(1, Ordering::Relaxed);
+                    LinkEvent::Stored {
+                        device: *device,
+                        id,
+                        at: now,
+                    }
+                }
+                SenderEvent::Subscribed(channel) => {
+                    for w in self.waiters.remove(&(i, channel)).unwrap_or_default() {
+                        let _ = w.send(());
+                    }
+                    continue;
+                }
+                SenderEvent::Accepted(id) => {
+                    self.outstanding.publishes.fetch_sub(1, Ordering::Relaxed);
+                    LinkEvent::Accepted {
+                        device: *device,
+                        id,
+                        at: now,
+                    }
+                }
+                SenderEvent::Delivered { id, .. } => LinkEvent::Delivered {
+                    device: *device,
+                    id,
+                    at: now,
+                },
+            };
+            let _ = self.events.send(event);
         }
-        self.dirty.push(i);
     }
 
     async fn flush(&mut self) -> std::io::Result<()> {
@@ -267,6 +404,8 @@ impl Shard {
             while sender.poll_transmit(now, &mut out) {
                 send(&self.socket, &out, self.server).await?;
             }
+            // QoS 0 publishes are accepted as they are handed to the socket.
+            self.report(now, i);
             if let Some(t) = self.devices[i].1.poll_timeout() {
                 if self.scheduled[i].is_none_or(|s| t < s) {
                     self.scheduled[i] = Some(t);

@@ -2,10 +2,15 @@
 //!
 //! Every sealed kind ends in the same two keys per wire (sender → receiver path):
 //!
-//! - a **record key**, an AES-256-GCM key; record number `seq` is sealed with nonce `0u32 ‖ seq` (big-endian) and
-//!   the record header as associated data;
+//! - a **record key**, an AES-256-GCM key; record number `n` of op `op` is sealed with nonce `op u32 ‖ n`
+//!   (big-endian; an order's number is its seq and its op 0) and the record header as associated data;
 //! - an **answer secret**, from which the answer key of a receiver run `R` is `HKDF-Expand(secret, "pure/1 answer
-//!   key" ‖ R)`; the answer to record `seq` is a tag over the answer header with nonce `0u32 ‖ seq`.
+//!   key" ‖ R)`; the answer to record `n` of op `op` is a tag over the answer header with nonce `op u32 ‖ n`.
+//!
+//! Deliveries (receiver → device) use two more keys per (wire, receiver run), from the same answer secret
+//! ([`DeliverKeys`]): `"pure/1 deliver key" ‖ R` seals them, `"pure/1 deliver answer" ‖ R` tags the device's
+//! answers. `hpke-per-request` deliveries take the answer secret of a setup of their own, from the receiver's static
+//! key to the device's (info `"pure/1 delivery"`). Each key is used by one side for one purpose.
 //!
 //! How the two are obtained depends on the kind:
 //!
@@ -20,7 +25,7 @@
 //!
 //! `docs/pure.md` explains why a nonce never repeats under one key.
 
-use crate::wire::{KeyId, ENC_LEN, MADE_LEN, TAG_LEN};
+use crate::wire::{Head, KeyId, Op, ENC_LEN, TAG_LEN};
 use aws_lc_rs::aead::{Aad, LessSafeKey, Nonce, UnboundKey, AES_256_GCM};
 use hkdf::Hkdf;
 use hpke::{Deserializable, OpModeR, OpModeS, Serializable};
@@ -36,6 +41,9 @@ type Kdf = hpke::kdf::HkdfSha256;
 type ExportOnly = hpke::aead::ExportOnlyAead;
 
 const HPKE_INFO: &[u8] = b"pure/1 sealed link";
+/// The info of setups from the receiver to a device (`hpke-per-request` deliveries): never the same key schedule
+/// as a device's setup, whichever keys are involved.
+const HPKE_DELIVERY_INFO: &[u8] = b"pure/1 delivery";
 
 /// A node's static X25519 key.
 #[derive(Clone)]
@@ -153,9 +161,41 @@ pub enum OpenError {
     /// The tag did not verify: forged, tampered, or sealed with another key.
     #[error("the seal does not open")]
     Tag,
-    /// The body is shorter than a made time and a tag (the parser refuses those; this is the check at use).
+    /// The body is shorter than its tag (the parser refuses those; this is the check at use).
     #[error("sealed body too short")]
     Short,
+}
+
+/// A key that seals records (a wire's record key, or a wire's delivery key).
+pub trait Sealer {
+    /// Seal `parts` (concatenated) as record `number` of `op`: appended to `out`, whose bytes in `aad` are the
+    /// associated data, then the tag.
+    fn seal(
+        &self,
+        op: Op,
+        number: u64,
+        aad: std::ops::Range<usize>,
+        parts: &[&[u8]],
+        out: &mut Vec<u8>,
+    );
+}
+
+/// Append a whole record to `out`: the header, then `fields ‖ payload` sealed with `key` (as they are, for plain).
+pub fn put_record(
+    out: &mut Vec<u8>,
+    head: &Head<'_>,
+    key: Option<&dyn Sealer>,
+    fields: &[u8],
+    payload: &[u8],
+) {
+    let header = head.put(out, fields.len() + payload.len());
+    match key {
+        Some(k) => k.seal(head.op, head.number, header, &[fields, payload], out),
+        None => {
+            out.extend_from_slice(fields);
+            out.extend_from_slice(payload);
+        }
+    }
 }
 
 /// The keys of one wire.
@@ -165,10 +205,51 @@ pub struct WireKeys {
     answer_secret: [u8; 32],
 }
 
-fn nonce(seq: u64) -> Nonce {
+/// The nonce of frame `number` of `op`: `op u32 ‖ number u64`. Every op counts its own numbers, so the op keeps two
+/// counts that meet apart.
+fn nonce(op: Op, number: u64) -> Nonce {
     let mut n = [0u8; 12];
-    n[4..].copy_from_slice(&seq.to_be_bytes());
+    n[..4].copy_from_slice(&(op as u32).to_be_bytes());
+    n[4..].copy_from_slice(&number.to_be_bytes());
     Nonce::assume_unique_for_key(n)
+}
+
+/// Seal `parts` (concatenated) in place at the end of `out`, whose bytes in `aad` are the associated data; then
+/// append the tag.
+fn seal_into(
+    key: &LessSafeKey,
+    op: Op,
+    number: u64,
+    aad: std::ops::Range<usize>,
+    parts: &[&[u8]],
+    out: &mut Vec<u8>,
+) {
+    let start = out.len();
+    for p in parts {
+        out.extend_from_slice(p);
+    }
+    let (head, body) = out.split_at_mut(start);
+    let tag = key
+        .seal_in_place_separate_tag(nonce(op, number), Aad::from(&head[aad]), body)
+        .expect("records are far below the AEAD's length limit");
+    out.extend_from_slice(tag.as_ref());
+}
+
+/// Open a body (ciphertext and tag) into its plaintext.
+fn open_body(
+    key: &LessSafeKey,
+    op: Op,
+    number: u64,
+    aad: &[u8],
+    body: &[u8],
+) -> Result<Vec<u8>, OpenError> {
+    let Some((ct, tag)) = body.split_last_chunk::<TAG_LEN>() else {
+        return Err(OpenError::Short);
+    };
+    let mut plain = ct.to_vec();
+    key.open_in_place_separate_tag(nonce(op, number), Aad::from(aad), tag, &mut plain)
+        .map_err(|_| OpenError::Tag)?;
+    Ok(plain)
 }
 
 /// An AES-256-GCM key (aws-lc-rs: AES-NI and carry-less multiplication where the CPU has them).
@@ -209,6 +290,43 @@ impl WireKeys {
         sender: &NodeKey,
         receiver: &[u8; 32],
     ) -> ([u8; ENC_LEN], WireKeys) {
+        WireKeys::hpke_sender_info(rng, sender, receiver, HPKE_INFO)
+    }
+
+    /// Receiver side of an HPKE auth-mode setup for a record from `sender` carrying `enc`. Costs two X25519.
+    pub fn hpke_receiver(
+        receiver: &NodeKey,
+        sender: &[u8; 32],
+        enc: &[u8; ENC_LEN],
+    ) -> Result<WireKeys, OpenError> {
+        WireKeys::hpke_receiver_info(receiver, sender, enc, HPKE_INFO)
+    }
+
+    /// The receiver's side of the setup of one `hpke-per-request` delivery, from its static key to the device's
+    /// (auth mode: the device knows the delivery is the receiver's). Costs three X25519.
+    pub fn hpke_delivery_sender<R: RngCore + CryptoRng>(
+        rng: &mut R,
+        receiver: &NodeKey,
+        device: &[u8; 32],
+    ) -> ([u8; ENC_LEN], WireKeys) {
+        WireKeys::hpke_sender_info(rng, receiver, device, HPKE_DELIVERY_INFO)
+    }
+
+    /// The device's side of the setup of one `hpke-per-request` delivery. Costs two X25519.
+    pub fn hpke_delivery_receiver(
+        device: &NodeKey,
+        receiver: &[u8; 32],
+        enc: &[u8; ENC_LEN],
+    ) -> Result<WireKeys, OpenError> {
+        WireKeys::hpke_receiver_info(device, receiver, enc, HPKE_DELIVERY_INFO)
+    }
+
+    fn hpke_sender_info<R: RngCore + CryptoRng>(
+        rng: &mut R,
+        sender: &NodeKey,
+        receiver: &[u8; 32],
+        info: &[u8],
+    ) -> ([u8; ENC_LEN], WireKeys) {
         let sk = <Kem as hpke::Kem>::PrivateKey::from_bytes(&sender.secret_bytes())
             .expect("32-byte key");
         let pk = <Kem as hpke::Kem>::PublicKey::from_bytes(sender.public()).expect("32-byte key");
@@ -216,7 +334,7 @@ impl WireKeys {
         let (enc, ctx) = hpke::setup_sender::<ExportOnly, Kdf, Kem, _>(
             &OpModeS::Auth((sk, pk)),
             &pk_r,
-            HPKE_INFO,
+            info,
             rng,
         )
         .expect("X25519 encapsulation to a valid key succeeds");
@@ -228,24 +346,20 @@ impl WireKeys {
         (enc_bytes, keys)
     }
 
-    /// Receiver side of an HPKE auth-mode setup for a record from `sender` carrying `enc`. Costs two X25519.
-    pub fn hpke_receiver(
+    fn hpke_receiver_info(
         receiver: &NodeKey,
         sender: &[u8; 32],
         enc: &[u8; ENC_LEN],
+        info: &[u8],
     ) -> Result<WireKeys, OpenError> {
         let sk = <Kem as hpke::Kem>::PrivateKey::from_bytes(&receiver.secret_bytes())
             .expect("32-byte key");
         let pk_s =
             <Kem as hpke::Kem>::PublicKey::from_bytes(sender).map_err(|_| OpenError::Setup)?;
         let enc = <Kem as hpke::Kem>::EncappedKey::from_bytes(enc).map_err(|_| OpenError::Setup)?;
-        let ctx = hpke::setup_receiver::<ExportOnly, Kdf, Kem>(
-            &OpModeR::Auth(pk_s),
-            &sk,
-            &enc,
-            HPKE_INFO,
-        )
-        .map_err(|_| OpenError::Setup)?;
+        let ctx =
+            hpke::setup_receiver::<ExportOnly, Kdf, Kem>(&OpModeR::Auth(pk_s), &sk, &enc, info)
+                .map_err(|_| OpenError::Setup)?;
         Ok(WireKeys::from_hpke_exporter(|label, out| {
             ctx.export(label, out).expect("32-byte export")
         }))
@@ -265,60 +379,77 @@ impl WireKeys {
         WireKeys::from_parts(record, answer)
     }
 
-    /// Seal record `seq`: appends `made_us ‖ payload` encrypted, then the tag, to `out`, whose bytes in `aad` (the
-    /// record header already written there) are the associated data.
-    pub fn seal_record(
-        &self,
-        seq: u64,
-        aad: std::ops::Range<usize>,
-        made_us: u64,
-        payload: &[u8],
-        out: &mut Vec<u8>,
-    ) {
-        let start = out.len();
-        out.extend_from_slice(&made_us.to_be_bytes());
-        out.extend_from_slice(payload);
-        let (head, body) = out.split_at_mut(start);
-        let tag = self
-            .record
-            .seal_in_place_separate_tag(nonce(seq), Aad::from(&head[aad]), body)
-            .expect("records are far below the AEAD's length limit");
-        out.extend_from_slice(tag.as_ref());
-    }
-
-    /// Open record `seq`; returns `made_us` and the payload.
-    pub fn open_record(
-        &self,
-        seq: u64,
-        aad: &[u8],
-        body: &[u8],
-    ) -> Result<(u64, Vec<u8>), OpenError> {
-        let Some((ct, tag)) = body.split_last_chunk::<TAG_LEN>() else {
-            return Err(OpenError::Short);
-        };
-        if ct.len() < MADE_LEN {
-            return Err(OpenError::Short);
-        }
-        let mut plain = ct.to_vec();
-        self.record
-            .open_in_place_separate_tag(nonce(seq), Aad::from(aad), tag, &mut plain)
-            .map_err(|_| OpenError::Tag)?;
-        let mut made = [0u8; MADE_LEN];
-        made.copy_from_slice(&plain[..MADE_LEN]);
-        plain.drain(..MADE_LEN);
-        Ok((u64::from_be_bytes(made), plain))
+    /// Open record `number` of `op`; returns its plaintext.
+    pub fn open(&self, op: Op, number: u64, aad: &[u8], body: &[u8]) -> Result<Vec<u8>, OpenError> {
+        open_body(&self.record, op, number, aad, body)
     }
 
     /// The answer key for a receiver run: one HKDF-Expand.
     pub fn answer_key(&self, receiver_run: u64) -> AnswerKey {
-        let k = expand(
-            &self.answer_secret,
-            &[b"pure/1 answer key", &receiver_run.to_be_bytes()],
-        );
+        self.run_key(b"pure/1 answer key", receiver_run)
+    }
+
+    /// The keys of the deliveries on this wire from a receiver run: two HKDF-Expand.
+    pub fn deliver_keys(&self, receiver_run: u64) -> DeliverKeys {
+        DeliverKeys {
+            seal: self.run_key(b"pure/1 deliver key", receiver_run),
+            answer: self.run_key(b"pure/1 deliver answer", receiver_run),
+        }
+    }
+
+    fn run_key(&self, label: &[u8], receiver_run: u64) -> AnswerKey {
+        let k = expand(&self.answer_secret, &[label, &receiver_run.to_be_bytes()]);
         AnswerKey {
             run: receiver_run,
             aead: aead_key(&k),
         }
+    }
+}
+
+/// The keys of the deliveries on one wire from one receiver run: one seals them (the receiver), the other tags the
+/// device's answers to them.
+#[derive(Clone)]
+pub struct DeliverKeys {
+    seal: AnswerKey,
+    /// Tags the device's answers to deliveries.
+    pub answer: AnswerKey,
+}
+
+impl DeliverKeys {
+    /// The receiver run these keys are for.
+    pub fn run(&self) -> u64 {
+        self.seal.run
+    }
+
+    /// Open delivery `number` of `op`; returns its plaintext.
+    pub fn open(&self, op: Op, number: u64, aad: &[u8], body: &[u8]) -> Result<Vec<u8>, OpenError> {
+        open_body(&self.seal.aead, op, number, aad, body)
+    }
+}
+
+impl Sealer for WireKeys {
+    fn seal(
+        &self,
+        op: Op,
+        number: u64,
+        aad: std::ops::Range<usize>,
+        parts: &[&[u8]],
+        out: &mut Vec<u8>,
+    ) {
+        seal_into(&self.record, op, number, aad, parts, out);
+    }
+}
+
+impl Sealer for DeliverKeys {
+    fn seal(
+        &self,
+        op: Op,
+        number: u64,
+        aad: std::ops::Range<usize>,
+        parts: &[&[u8]],
+        out: &mut Vec<u8>,
+    ) {
+        seal_into(&self.seal.aead, op, number, aad, parts, out);
     }
 }
 
@@ -335,21 +466,21 @@ impl AnswerKey {
         self.run
     }
 
-    /// The tag of the answer to record `seq` (empty plaintext, the answer header as associated data).
-    pub fn tag(&self, seq: u64, header: &[u8]) -> [u8; TAG_LEN] {
+    /// The tag of the answer to record `number` of `op` (empty plaintext, the answer header as associated data).
+    pub fn tag(&self, op: Op, number: u64, header: &[u8]) -> [u8; TAG_LEN] {
         let tag = self
             .aead
-            .seal_in_place_separate_tag(nonce(seq), Aad::from(header), &mut [])
+            .seal_in_place_separate_tag(nonce(op, number), Aad::from(header), &mut [])
             .expect("empty plaintext");
         tag.as_ref().try_into().expect("16-byte tag")
     }
 
-    /// Whether `tag` authenticates the answer to record `seq`.
-    pub fn verify(&self, seq: u64, header: &[u8], tag: &[u8]) -> bool {
+    /// Whether `tag` authenticates the answer to record `number` of `op`.
+    pub fn verify(&self, op: Op, number: u64, header: &[u8], tag: &[u8]) -> bool {
         tag.len() == TAG_LEN
             && self
                 .aead
-                .open_in_place_separate_tag(nonce(seq), Aad::from(header), tag, &mut [])
+                .open_in_place_separate_tag(nonce(op, number), Aad::from(header), tag, &mut [])
                 .is_ok()
     }
 }
@@ -373,8 +504,10 @@ pub fn link_secret(
 
 #[cfg(test)]
 mod tests {
-    use super::*;
+    use super::{Sealer as _, *};
     use rand::{rngs::StdRng, SeedableRng};
+
+    const ORDER: Op = Op::Order;
 
     #[test]
     fn hpke_both_sides_agree_and_bind_the_sender() {
@@ -387,28 +520,87 @@ mod tests {
         let (enc, ks) = WireKeys::hpke_sender(&mut rng, &s, r.public());
         let kr = WireKeys::hpke_receiver(&r, s.public(), &enc).unwrap();
         let mut sealed = b"hdr".to_vec();
-        ks.seal_record(5, 0..3, 42, b"order", &mut sealed);
-        let out = sealed.split_off(3);
-        assert_eq!(
-            kr.open_record(5, b"hdr", &out).unwrap(),
-            (42, b"order".to_vec())
+        ks.seal(
+            ORDER,
+            5,
+            0..3,
+            &[&42u64.to_be_bytes(), b"order"],
+            &mut sealed,
         );
+        let out = sealed.split_off(3);
+        let mut want = 42u64.to_be_bytes().to_vec();
+        want.extend_from_slice(b"order");
+        assert_eq!(kr.open(ORDER, 5, b"hdr", &out).unwrap(), want);
         assert_eq!(
-            kr.open_record(6, b"hdr", &out),
+            kr.open(ORDER, 6, b"hdr", &out),
             Err(OpenError::Tag),
             "another number"
         );
         assert_eq!(
-            kr.open_record(5, b"hdR", &out),
+            kr.open(Op::Publish1, 5, b"hdr", &out),
+            Err(OpenError::Tag),
+            "another op"
+        );
+        assert_eq!(
+            kr.open(ORDER, 5, b"hdR", &out),
             Err(OpenError::Tag),
             "another header"
         );
         // The receiver believing the record came from another sender derives other keys.
         let wrong = WireKeys::hpke_receiver(&r, other.public(), &enc).unwrap();
-        assert_eq!(wrong.open_record(5, b"hdr", &out), Err(OpenError::Tag));
+        assert_eq!(wrong.open(ORDER, 5, b"hdr", &out), Err(OpenError::Tag));
         let a = ks.answer_key(9);
-        assert!(kr.answer_key(9).verify(5, b"ans", &a.tag(5, b"ans")));
-        assert!(!kr.answer_key(10).verify(5, b"ans", &a.tag(5, b"ans")));
+        assert!(kr
+            .answer_key(9)
+            .verify(ORDER, 5, b"ans", &a.tag(ORDER, 5, b"ans")));
+        assert!(!kr
+            .answer_key(10)
+            .verify(ORDER, 5, b"ans", &a.tag(ORDER, 5, b"ans")));
+        assert!(!kr
+            .answer_key(9)
+            .verify(Op::Subscribe, 5, b"ans", &a.tag(ORDER, 5, b"ans")));
+    }
+
+    #[test]
+    fn delivery_keys_are_per_receiver_run_and_apart_from_the_answer_key() {
+        let mut rng = StdRng::seed_from_u64(3);
+        let (s, r) = (NodeKey::generate(&mut rng), NodeKey::generate(&mut rng));
+        let (enc, ks) = WireKeys::hpke_sender(&mut rng, &s, r.public());
+        let kr = WireKeys::hpke_receiver(&r, s.public(), &enc).unwrap();
+        let (at_receiver, at_device) = (kr.deliver_keys(7), ks.deliver_keys(7));
+        let mut sealed = b"h".to_vec();
+        at_receiver.seal(Op::Deliver1, 0, 0..1, &[b"msg"], &mut sealed);
+        let body = sealed.split_off(1);
+        assert_eq!(
+            at_device.open(Op::Deliver1, 0, b"h", &body).unwrap(),
+            b"msg"
+        );
+        assert!(ks
+            .deliver_keys(8)
+            .open(Op::Deliver1, 0, b"h", &body)
+            .is_err());
+        assert!(at_device.open(Op::Deliver0, 0, b"h", &body).is_err());
+        // The device's answer verifies only under the delivery answer key, not the receiver's answer key.
+        let tag = at_device.answer.tag(Op::Deliver1, 0, b"a");
+        assert!(at_receiver.answer.verify(Op::Deliver1, 0, b"a", &tag));
+        assert!(!kr.answer_key(7).verify(Op::Deliver1, 0, b"a", &tag));
+        // A delivery setup from the receiver to the device is not a record setup with the roles swapped.
+        let (enc, from_receiver) = WireKeys::hpke_delivery_sender(&mut rng, &r, s.public());
+        let at_device = WireKeys::hpke_delivery_receiver(&s, r.public(), &enc).unwrap();
+        let mut sealed = b"h".to_vec();
+        from_receiver
+            .deliver_keys(1)
+            .seal(Op::Deliver0, 3, 0..1, &[b"x"], &mut sealed);
+        let body = sealed.split_off(1);
+        assert!(at_device
+            .deliver_keys(1)
+            .open(Op::Deliver0, 3, b"h", &body)
+            .is_ok());
+        let swapped = WireKeys::hpke_receiver(&s, r.public(), &enc).unwrap();
+        assert!(swapped
+            .deliver_keys(1)
+            .open(Op::Deliver0, 3, b"h", &body)
+            .is_err());
     }
 
     #[test]
@@ -421,14 +613,14 @@ mod tests {
             link_secret(&r, s.public(), s.public(), r.public()).unwrap()
         );
         let mut sealed = b"h".to_vec();
-        WireKeys::link(&ls, 1, 2).seal_record(0, 0..1, 1, b"x", &mut sealed);
+        WireKeys::link(&ls, 1, 2).seal(ORDER, 0, 0..1, &[b"x"], &mut sealed);
         let out = sealed.split_off(1);
-        assert!(WireKeys::link(&ls, 1, 2).open_record(0, b"h", &out).is_ok());
+        assert!(WireKeys::link(&ls, 1, 2).open(ORDER, 0, b"h", &out).is_ok());
         assert!(WireKeys::link(&ls, 1, 3)
-            .open_record(0, b"h", &out)
+            .open(ORDER, 0, b"h", &out)
             .is_err());
         assert!(WireKeys::link(&ls, 2, 2)
-            .open_record(0, b"h", &out)
+            .open(ORDER, 0, b"h", &out)
             .is_err());
     }
 }

@@ -1,14 +1,16 @@
 //! Pure sealed links: a connectionless transport over UDP with no handshake.
 //!
 //! Every node has a static X25519 key. A device's first datagram is already a sealed record; the receiver stores
-//! the order durably, applies it once, and answers "stored". Nothing a restart can lose is needed to go on.
+//! the order durably, applies it once, and answers "stored". Nothing a restart can lose is needed to go on. The
+//! receiver also relays published messages to subscribed devices, sealed on each device's own link.
 //!
-//! - [`wire`]: the datagram format (records and answers), parsed without keys.
+//! - [`wire`]: the datagram format (records, deliveries and answers), parsed without keys.
 //! - [`crypto`]: node keys, the key schedule of every variant, seal and open.
 //! - [`senders`]: the allow-list of senders a receiver takes records from.
 //! - [`memo`]: link secrets remembered across restarts in a mapped file beside the node key.
-//! - [`receiver`] and [`sender`]: the sans-IO protocol cores, driven with an explicit `now`; [`cache`] bounds what
-//!   the receiver keeps.
+//! - [`receiver`] and [`sender`]: the sans-IO protocol cores, driven with an explicit `now`; [`relay`] is the
+//!   receiver's publish/subscribe part, [`flow`] the re-send timer and windows both ends share, [`cache`] bounds
+//!   what the receiver keeps.
 //! - [`server`] and [`client`]: thin UDP drivers around the cores (tokio).
 //!
 //! The variants (`pure`, `pure:no-memo`, `pure:hpke-session`, `pure:hpke-per-request`, `pure:plain`) share the
@@ -18,8 +20,10 @@
 pub mod cache;
 pub mod client;
 pub mod crypto;
+pub mod flow;
 pub mod memo;
 pub mod receiver;
+pub mod relay;
 pub mod sender;
 pub mod senders;
 pub mod server;
@@ -176,9 +180,7 @@ impl Transport for Pure {
             disconnect: Support::No(
                 "a Pure link is connectionless: there is nothing to close, a device simply stops sending",
             ),
-            pubsub: Support::No(
-                "the Pure receiver has no publish/subscribe relay yet",
-            ),
+            pubsub: Support::Yes,
             memory: MemorySource::Rss,
         }
     }
@@ -252,6 +254,8 @@ impl Transport for Pure {
                     run,
                     session_capacity: 65_536,
                     secrets,
+                    relay: relay::RelayConfig::default(),
+                    rng: StdRng::from_os_rng(),
                 },
                 config.counters.clone(),
             );

@@ -1,10 +1,12 @@
-//! The receiver's protocol core, sans-IO: datagrams in, orders to store and answers out.
+//! The receiver's protocol core, sans-IO: datagrams in; orders to store, answers and deliveries out.
 //!
 //! The driver feeds every datagram to [`Receiver::handle`], takes the opened orders with
 //! [`Receiver::take_deliveries`], commits them to the store, hands each [`Reply`] back with [`Receiver::answer`]
 //! once the commit returned (so "stored" is never said before the order is durable), and sends what
-//! [`Receiver::poll_transmit`] yields. The receiver keeps no timers; the only state it keeps is bounded caches of
-//! keys, which it can always derive again.
+//! [`Receiver::poll_transmit`] yields; it calls [`Receiver::handle_timeout`] when [`Receiver::poll_timeout`] says.
+//! Subscribes and publishes go to the [`Relay`] (never to the store) and are answered at once; the relay's only
+//! timers are its re-sends of QoS 1 deliveries. Besides the relay's bounded queues, the receiver keeps bounded caches
+//! of keys, which it can always derive again, and of the numbers seen per publish/subscribe wire.
 //!
 //! Anyone can send it datagrams, so what it spends on one is bounded before it looks inside: a datagram over
 //! [`MAX_DATAGRAM`] is refused unread, every length is checked before use, HPKE setups per datagram are capped and
@@ -15,12 +17,18 @@ use crate::cache::Bounded;
 use crate::crypto::{
     check_public, link_secret, AnswerKey, LowOrderKey, NodeKey, OpenError, WireKeys,
 };
+use crate::flow::{ReplayWindow, Seen};
+use crate::relay::{Relay, RelayConfig, Sealing};
 use crate::senders::AllowList;
-use crate::wire::{self, Frame, Kind, Record, ENC_LEN, MADE_LEN, MAX_DATAGRAM, TAG_LEN};
+use crate::wire::{
+    self, Answer, Frame, Kind, Op, Record, ENC_LEN, MADE_LEN, MAX_DATAGRAM, TAG_LEN,
+};
+use rand::rngs::StdRng;
 use std::collections::{HashMap, VecDeque};
 use std::net::SocketAddr;
 use std::sync::Arc;
-use transport_core::{Counters, Order, OrderId};
+use std::time::Instant;
+use transport_core::{Counters, Order, OrderId, QoS};
 
 /// HPKE setups (two X25519 each) one datagram may cost at most. A full datagram of per-request records with empty
 /// payloads carries 14; the first record of a datagram that is refused also ends its setups.
@@ -78,6 +86,10 @@ pub struct ReceiverConfig {
     pub session_capacity: usize,
     /// Where link secrets come from (`Link` kind).
     pub secrets: Box<dyn LinkSecrets>,
+    /// The relay's bounds.
+    pub relay: RelayConfig,
+    /// Randomness for the setups of `hpke-per-request` deliveries.
+    pub rng: StdRng,
 }
 
 /// The answer to one record, to be sent once its order is stored.
@@ -123,8 +135,12 @@ impl From<OpenError> for Refused {
     }
 }
 
-/// What opened: the made time, the payload, and the key that tags the answer (none for plain).
-type Opened = (u64, Vec<u8>, Option<AnswerKey>);
+/// What opened: the plaintext, the key that tags the answer, and the wire's keys (none for plain).
+struct Opened {
+    plain: Vec<u8>,
+    answer: Option<AnswerKey>,
+    wire: Option<WireKeys>,
+}
 
 /// What one datagram may still spend on HPKE setups.
 struct SetupBudget {
@@ -146,6 +162,9 @@ pub struct Receiver {
     failed_setups: Bounded<(usize, [u8; ENC_LEN]), Option<WireKeys>>,
     secrets: Box<dyn LinkSecrets>,
     links: Bounded<(usize, u64, u64), LinkWire>,
+    /// The subscribe and publish numbers seen per (sender, sender run, op), kept once a record opens.
+    seen: Bounded<(usize, u64, Op), ReplayWindow>,
+    relay: Relay,
     orders: Vec<Order>,
     replies: Vec<Reply>,
     outgoing: HashMap<SocketAddr, Vec<u8>>,
@@ -156,6 +175,14 @@ impl Receiver {
     /// A receiver for one start (run).
     pub fn new(config: ReceiverConfig, counters: Arc<Counters>) -> Receiver {
         let capacity = config.session_capacity.max(2);
+        let relay = Relay::new(
+            config.relay,
+            config.kind,
+            config.key.clone(),
+            config.run,
+            config.rng,
+            counters.clone(),
+        );
         Receiver {
             kind: config.kind,
             key: config.key,
@@ -166,6 +193,8 @@ impl Receiver {
             failed_setups: Bounded::new(FAILED_SETUPS_REMEMBERED),
             secrets: config.secrets,
             links: Bounded::new(capacity),
+            seen: Bounded::new(capacity),
+            relay,
             orders: Vec::new(),
             replies: Vec::new(),
             outgoing: HashMap::new(),
@@ -188,8 +217,14 @@ impl Receiver {
         self.sessions.len() + self.links.len()
     }
 
-    /// Take in one datagram. Records that open become deliveries; everything else is refused and counted.
-    pub fn handle(&mut self, from: SocketAddr, datagram: &[u8]) {
+    /// The publish/subscribe relay (for tests and memory accounting).
+    pub fn relay(&self) -> &Relay {
+        &self.relay
+    }
+
+    /// Take in one datagram. Orders that open become deliveries to the store, subscribes and publishes go to the
+    /// relay, answers to deliveries to the relay; everything else is refused and counted.
+    pub fn handle(&mut self, now: Instant, from: SocketAddr, datagram: &[u8]) {
         if datagram.len() > MAX_DATAGRAM {
             // No sender builds one; refused before any of it is read, so its size buys nothing.
             Counters::inc(&self.counters.refused_oversized);
@@ -204,72 +239,177 @@ impl Receiver {
             refused: false,
         };
         for frame in wire::frames(datagram) {
-            match frame {
-                Ok(Frame::Record(r)) => {
+            let result = match frame {
+                Ok(Frame::Record(r)) if !r.op.to_device() && r.kind == self.kind => {
                     Counters::inc(&self.counters.received);
-                    if let Err(e) = self.record(from, &r, &mut budget) {
-                        budget.refused = true;
-                        Counters::inc(match e {
-                            Refused::Malformed => &self.counters.refused_malformed,
-                            Refused::Unknown => &self.counters.refused_unknown,
-                            Refused::Forged => &self.counters.refused_forged,
-                        });
-                    }
+                    self.record(now, from, &r, &mut budget)
                 }
-                Ok(Frame::Answer(_)) | Err(_) => {
-                    budget.refused = true;
+                Ok(Frame::Answer(a)) if a.op == Op::Deliver1 && a.kind == self.kind => {
+                    self.delivery_answer(now, &a)
+                }
+                _ => {
+                    // Unparsable (the rest of the datagram is unaligned), of the wrong direction or of another
+                    // variant: no honest device sends it, nothing after it is read.
                     Counters::inc(&self.counters.refused_malformed);
-                    // A malformed frame leaves the rest of the datagram unaligned: `frames` stops there.
+                    break;
                 }
+            };
+            if let Err(e) = result {
+                budget.refused = true;
+                Counters::inc(match e {
+                    Refused::Malformed => &self.counters.refused_malformed,
+                    Refused::Unknown => &self.counters.refused_unknown,
+                    Refused::Forged => &self.counters.refused_forged,
+                });
             }
         }
     }
 
+    /// A device's answer to a QoS 1 delivery.
+    fn delivery_answer(&mut self, now: Instant, a: &Answer<'_>) -> Result<(), Refused> {
+        let (index, _) = self.senders.find(&a.key_id).ok_or(Refused::Unknown)?;
+        self.relay
+            .answered(now, index, a)
+            .map_err(|_| Refused::Forged)
+    }
+
     fn record(
         &mut self,
+        now: Instant,
         from: SocketAddr,
         r: &Record<'_>,
         budget: &mut SetupBudget,
     ) -> Result<(), Refused> {
-        if r.kind != self.kind {
-            return Err(Refused::Malformed);
-        }
         let (index, sender) = self.senders.find(&r.key_id).ok_or(Refused::Unknown)?;
         let (sender_id, sender_public) = (sender.sender_id, sender.public);
-        let (made_us, payload, answer_key) = match r.kind {
-            Kind::Plain => {
-                let (made, payload) = r
-                    .body
-                    .split_first_chunk::<MADE_LEN>()
-                    .ok_or(Refused::Malformed)?;
-                (u64::from_be_bytes(*made), payload.to_vec(), None)
-            }
+        let opened = match r.kind {
+            Kind::Plain => Opened {
+                plain: r.body.to_vec(),
+                answer: None,
+                wire: None,
+            },
             Kind::HpkeSession => self.open_session(index, &sender_public, r, budget)?,
             Kind::HpkePerRequest => self.open_per_request(index, &sender_public, r, budget)?,
             Kind::Link => self.open_link(index, &sender_public, r)?,
         };
-        let mut frame = [0u8; wire::ANSWER_HEADER_LEN + TAG_LEN];
-        let mut buf = Vec::with_capacity(frame.len());
-        let header = wire::put_answer_header(&mut buf, r.kind, &r.key_id, r.run, r.seq, self.run);
-        if let Some(key) = &answer_key {
-            let tag = key.tag(r.seq, &buf[header]);
-            buf.extend_from_slice(&tag);
+        if r.op != Op::Order {
+            return self.pubsub(now, from, index, &sender_public, r, opened);
         }
-        frame[..buf.len()].copy_from_slice(&buf);
+        let mut payload = opened.plain;
+        let made = payload
+            .first_chunk::<MADE_LEN>()
+            .map(|m| u64::from_be_bytes(*m))
+            .ok_or(Refused::Malformed)?;
+        payload.drain(..MADE_LEN);
+        let reply = self.reply(from, r, opened.answer.as_ref());
         self.orders.push(Order {
             id: OrderId {
                 sender: sender_id,
                 run: r.run,
                 seq: r.seq,
             },
-            made_us,
+            made_us: made,
             payload,
         });
-        self.replies.push(Reply {
-            to: from,
+        self.replies.push(reply);
+        Ok(())
+    }
+
+    /// The answer to record `r`, tagged with `key` (none: plain).
+    fn reply(&self, to: SocketAddr, r: &Record<'_>, key: Option<&AnswerKey>) -> Reply {
+        let mut frame = [0u8; wire::ANSWER_HEADER_LEN + TAG_LEN];
+        let mut buf = Vec::with_capacity(frame.len());
+        let header =
+            wire::put_answer_header(&mut buf, r.kind, r.op, &r.key_id, r.run, r.seq, self.run);
+        if let Some(key) = key {
+            let tag = key.tag(r.op, r.seq, &buf[header]);
+            buf.extend_from_slice(&tag);
+        }
+        frame[..buf.len()].copy_from_slice(&buf);
+        Reply {
+            to,
             len: buf.len() as u8,
             frame,
-        });
+        }
+    }
+
+    /// A subscribe or publish that opened. Subscribes and QoS 1 publishes are taken only when sealed for this
+    /// receiver run, and answered at once (a stale one with this run, so the device seals it again for it);
+    /// numbers seen before on the wire are answered again and change nothing.
+    fn pubsub(
+        &mut self,
+        now: Instant,
+        from: SocketAddr,
+        index: usize,
+        sender_public: &[u8; 32],
+        r: &Record<'_>,
+        opened: Opened,
+    ) -> Result<(), Refused> {
+        let p = &opened.plain;
+        let (Some(receiver_run), Some(channel)) = (
+            p.first_chunk::<8>().map(|b| u64::from_be_bytes(*b)),
+            p.get(8..12)
+                .map(|b| u32::from_be_bytes(b.try_into().expect("4 bytes"))),
+        ) else {
+            return Err(Refused::Malformed);
+        };
+        let current = receiver_run == self.run;
+        let seen = self
+            .seen
+            .get_or_insert_with((index, r.run, r.op), ReplayWindow::default)
+            .check(r.seq);
+        match r.op {
+            Op::Subscribe => {
+                let qos = match p.get(12..) {
+                    Some([0]) => QoS::AtMostOnce,
+                    Some([1]) => QoS::AtLeastOnce,
+                    _ => return Err(Refused::Malformed),
+                };
+                if current && seen == Seen::New {
+                    let (kind, run) = (self.kind, self.run);
+                    let counters = &self.counters;
+                    let sealing = || match (kind, &opened.wire) {
+                        (Kind::HpkePerRequest, _) => Sealing::PerDelivery(*sender_public),
+                        (_, Some(wire)) => {
+                            Counters::inc(&counters.key_derivations);
+                            Sealing::Wire(wire.deliver_keys(run))
+                        }
+                        (_, None) => Sealing::Plain,
+                    };
+                    self.relay
+                        .subscribe(now, index, r.key_id, r.run, sealing, from, channel, qos)
+                        .map_err(|_| Refused::Malformed)?;
+                }
+            }
+            Op::Publish1 | Op::Publish0 => {
+                let id = p
+                    .get(12..20)
+                    .map(|b| u64::from_be_bytes(b.try_into().expect("8 bytes")))
+                    .ok_or(Refused::Malformed)?;
+                let qos = if r.op == Op::Publish1 {
+                    QoS::AtLeastOnce
+                } else {
+                    QoS::AtMostOnce
+                };
+                // A QoS 0 publish is taken whatever run it names: it is never answered, so its device may never
+                // learn a new one.
+                let take = (current || qos == QoS::AtMostOnce) && seen == Seen::New;
+                if take && !self.relay.publish(now, channel, qos, id, &p[20..]) {
+                    // Not taken (a subscriber's queue is full): not answered, the publisher sends it again.
+                    return Ok(());
+                }
+            }
+            Op::Order | Op::Deliver1 | Op::Deliver0 => return Err(Refused::Malformed),
+        }
+        if seen == Seen::New && (current || r.op == Op::Publish0) {
+            if let Some(w) = self.seen.get_mut(&(index, r.run, r.op)) {
+                w.mark(r.seq);
+            }
+        }
+        if r.op.answered() {
+            let reply = self.reply(from, r, opened.answer.as_ref());
+            self.answer(&reply);
+        }
         Ok(())
     }
 
@@ -316,23 +456,31 @@ impl Receiver {
             if s.sender != index {
                 return Err(Refused::Forged);
             }
-            let (made, payload) = s.keys.open_record(r.seq, r.header, r.body)?;
-            return Ok((made, payload, Some(s.answer.clone())));
+            let plain = s.keys.open(r.op, r.seq, r.header, r.body)?;
+            return Ok(Opened {
+                plain,
+                answer: Some(s.answer.clone()),
+                wire: Some(s.keys.clone()),
+            });
         }
         let keys = self.setup(index, sender, enc, budget)?;
-        match keys.open_record(r.seq, r.header, r.body) {
-            Ok((made, payload)) => {
+        match keys.open(r.op, r.seq, r.header, r.body) {
+            Ok(plain) => {
                 let answer = keys.answer_key(self.run);
                 self.failed_setups.remove(&(index, *enc));
                 self.sessions.insert(
                     *enc,
                     Session {
                         sender: index,
-                        keys,
+                        keys: keys.clone(),
                         answer: answer.clone(),
                     },
                 );
-                Ok((made, payload, Some(answer)))
+                Ok(Opened {
+                    plain,
+                    answer: Some(answer),
+                    wire: Some(keys),
+                })
             }
             Err(e) => {
                 self.failed_setups.insert((index, *enc), Some(keys));
@@ -351,8 +499,12 @@ impl Receiver {
         let enc = r.enc().ok_or(Refused::Malformed)?;
         // Setups that opened are not kept: one per record is what this variant measures.
         let keys = self.setup(index, sender, enc, budget)?;
-        match keys.open_record(r.seq, r.header, r.body) {
-            Ok((made, payload)) => Ok((made, payload, Some(keys.answer_key(self.run)))),
+        match keys.open(r.op, r.seq, r.header, r.body) {
+            Ok(plain) => Ok(Opened {
+                plain,
+                answer: Some(keys.answer_key(self.run)),
+                wire: Some(keys),
+            }),
             Err(e) => {
                 self.failed_setups.insert((index, *enc), Some(keys));
                 Err(e.into())
@@ -369,8 +521,12 @@ impl Receiver {
         let receiver_run = r.receiver_run().ok_or(Refused::Malformed)?;
         let wire_id = (index, r.run, receiver_run);
         if let Some(w) = self.links.get(&wire_id) {
-            let (made, payload) = w.keys.open_record(r.seq, r.header, r.body)?;
-            return Ok((made, payload, Some(w.answer.clone())));
+            let plain = w.keys.open(r.op, r.seq, r.header, r.body)?;
+            return Ok(Opened {
+                plain,
+                answer: Some(w.answer.clone()),
+                wire: Some(w.keys.clone()),
+            });
         }
         let (secret, agreed) = self
             .secrets
@@ -383,16 +539,20 @@ impl Receiver {
         // record opens under them, so forged runs cost hashes, never memory.
         Counters::inc(&self.counters.key_derivations);
         let keys = WireKeys::link(&secret, r.run, receiver_run);
-        let (made, payload) = keys.open_record(r.seq, r.header, r.body)?;
+        let plain = keys.open(r.op, r.seq, r.header, r.body)?;
         let answer = keys.answer_key(self.run);
         self.links.insert(
             wire_id,
             LinkWire {
-                keys,
+                keys: keys.clone(),
                 answer: answer.clone(),
             },
         );
-        Ok((made, payload, Some(answer)))
+        Ok(Opened {
+            plain,
+            answer: Some(answer),
+            wire: Some(keys),
+        })
     }
 
     /// The orders opened since the last call, and their replies (same order, same length).
@@ -412,10 +572,12 @@ impl Receiver {
         buf.extend_from_slice(&reply.frame[..reply.len as usize]);
     }
 
-    /// The next datagram to send: fills `buf` and returns its destination.
-    pub fn poll_transmit(&mut self, buf: &mut Vec<u8>) -> Option<SocketAddr> {
+    /// The next datagram to send: fills `buf` and returns its destination. Answers go first, then deliveries.
+    pub fn poll_transmit(&mut self, now: Instant, buf: &mut Vec<u8>) -> Option<SocketAddr> {
         buf.clear();
-        let to = *self.outgoing_order.front()?;
+        let Some(&to) = self.outgoing_order.front() else {
+            return self.relay.poll_transmit(now, buf);
+        };
         let pending = self
             .outgoing
             .get_mut(&to)
@@ -429,5 +591,20 @@ impl Receiver {
             self.outgoing_order.pop_front();
         }
         Some(to)
+    }
+
+    /// Whether something is waiting to be sent.
+    pub fn has_output(&self) -> bool {
+        !self.outgoing_order.is_empty() || self.relay.has_output()
+    }
+
+    /// When [`Receiver::handle_timeout`] should be called next.
+    pub fn poll_timeout(&self) -> Option<Instant> {
+        self.relay.poll_timeout()
+    }
+
+    /// Queue the deliveries whose answer is overdue.
+    pub fn handle_timeout(&mut self, now: Instant) {
+        self.relay.handle_timeout(now);
     }
 }

@@ -1,45 +1,54 @@
-//! The sending side of one device's link, sans-IO: orders in, datagrams and "stored" events out.
+//! The device side of one link, sans-IO: orders, subscriptions and publishes in; datagrams and events out.
 //!
-//! A device keeps an outbox of orders not yet sent and a window of records in flight. Records leave as soon as
-//! the window has room — the backlog goes out as answers come in, not on a timer. A record with no answer is sent
-//! again after the re-send timeout, then after twice as long each time, up to 1 s. The timeout starts at 200 ms and
-//! follows the measured round trip as TCP's does (RFC 6298: smoothed RTT plus four deviations, samples only from
-//! records sent once), never below 200 ms, and backs off with each expiry until the next sample: a receiver that
-//! queues records for longer than 200 ms (a slow variant under a drain) does not get every queued record twice. Every input takes `now`; the driver (or a test with a
-//! virtual clock) asks [`Sender::poll_timeout`] when to call [`Sender::handle_timeout`].
+//! A device keeps an outbox of frames not yet sent and a window of frames in flight (orders, subscribes, QoS 1
+//! publishes), re-sent on the adaptive timer of [`crate::flow`] until answered. Frames leave as soon as the window has
+//! room, so a backlog drains as answers come in, not on a timer. QoS 0 publishes are sealed and sent once, never
+//! kept. Deliveries from the receiver are opened, told apart from repeats by their number, reported once, and (QoS 1)
+//! answered every time they arrive, as the receiver answers records.
+//!
+//! Subscriptions are soft state at the receiver: the device sends each again every [`SenderConfig::refresh`], and at
+//! once when an answer shows a receiver run it has not seen (the receiver restarted and forgot them). The receiver
+//! takes subscribes and QoS 1 publishes only when sealed for its current run and answers the others with that run;
+//! the device then sends them again, as new frames, for the run it now knows.
+//!
+//! Every input takes `now`; the driver (or a test with a virtual clock) asks [`Sender::poll_timeout`] when to call
+//! [`Sender::handle_timeout`].
 
-use crate::crypto::{check_public, link_secret, AnswerKey, LowOrderKey, NodeKey, WireKeys};
-use crate::wire::{self, Frame, Kind, ENC_LEN, MAX_DATAGRAM};
+use crate::crypto::{
+    check_public, link_secret, put_record, AnswerKey, DeliverKeys, LowOrderKey, NodeKey, Sealer,
+    WireKeys,
+};
+use crate::flow::{Flight, Flow, FlowConfig, ReplayWindow, Seen, REPLAY_WINDOW};
+use crate::wire::{self, Frame, Head, Kind, Op, Record, ENC_LEN, MAX_DATAGRAM};
 use rand::rngs::StdRng;
-use std::collections::{BTreeMap, VecDeque};
+use rand::RngCore;
+use std::collections::VecDeque;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
-use transport_core::{Counters, Order, OrderId};
+use transport_core::{Counters, Order, OrderId, QoS};
 
-/// The congestion window never shrinks below this many records.
-const MIN_WINDOW: f64 = 2.0;
+/// Receiver runs a device remembers having left: it never goes back to one (an answer from one is a replay or a
+/// straggler from before a restart).
+const RUNS_REMEMBERED: usize = 8;
 
 /// How a device's link behaves.
 #[derive(Debug, Clone)]
 pub struct SenderConfig {
-    /// How records are sealed.
+    /// How frames are sealed.
     pub kind: Kind,
-    /// Records in flight at most.
-    pub window: usize,
-    /// The first re-send waits this long.
-    pub initial_rto: Duration,
-    /// Re-sends wait at most this long.
-    pub max_rto: Duration,
+    /// The re-send timer and window.
+    pub flow: FlowConfig,
+    /// How often each subscription is sent again.
+    pub refresh: Duration,
 }
 
 impl SenderConfig {
-    /// The suite's defaults: a window of up to 256 records, re-sends after 200 ms growing to 1 s.
+    /// The suite's defaults: [`FlowConfig::default`], subscriptions refreshed every 5 s.
     pub fn new(kind: Kind) -> SenderConfig {
         SenderConfig {
             kind,
-            window: 256,
-            initial_rto: Duration::from_millis(200),
-            max_rto: Duration::from_secs(1),
+            flow: FlowConfig::default(),
+            refresh: Duration::from_secs(5),
         }
     }
 }
@@ -49,20 +58,64 @@ impl SenderConfig {
 pub enum SenderEvent {
     /// The receiver answered that this order is stored (reported once).
     Stored(OrderId),
+    /// The receiver answered a subscribe to this channel (at the first subscribe and every refresh).
+    Subscribed(u32),
+    /// A published message left: answered by the receiver (QoS 1) or handed to the driver (QoS 0). Reported once.
+    Accepted(u64),
+    /// A message arrived on a subscribed channel (reported once per message; repeats are answered, not reported).
+    Delivered {
+        /// The channel.
+        channel: u32,
+        /// The message's id.
+        id: u64,
+    },
 }
 
-struct InFlight {
-    order: Order,
-    /// When the record was first sent, and whether it was sent again (no RTT sample then: Karn's rule).
-    first_sent: Option<Instant>,
-    resent: bool,
-    /// The sealed frame, and the receiver run it was sealed for (`Link` re-seals when the run changes).
+/// Why a message cannot be published.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]
+pub enum PublishError {
+    /// The payload does not fit in one datagram.
+    #[error(
+        "a payload of {size} bytes does not fit in one datagram (at most {max} for this variant)"
+    )]
+    TooLarge {
+        /// The payload's size.
+        size: usize,
+        /// The largest that fits.
+        max: usize,
+    },
+}
+
+/// What a frame in flight carries.
+enum Item {
+    Order(Order),
+    Subscribe {
+        channel: u32,
+        qos: QoS,
+    },
+    Publish {
+        channel: u32,
+        id: u64,
+        payload: Arc<[u8]>,
+    },
+}
+
+impl Item {
+    fn op(&self) -> Op {
+        match self {
+            Item::Order(_) => Op::Order,
+            Item::Subscribe { .. } => Op::Subscribe,
+            Item::Publish { .. } => Op::Publish1,
+        }
+    }
+}
+
+/// A frame in flight: its item, its sealed bytes and the receiver run they were sealed for.
+struct Out {
+    item: Item,
     sealed: Option<(u64, Vec<u8>)>,
     /// Per-request records keep the answer secret of their own setup.
     own_keys: Option<WireKeys>,
-    rto: Duration,
-    deadline: Instant,
-    queued: bool,
 }
 
 struct Session {
@@ -71,6 +124,10 @@ struct Session {
     receiver_run: u64,
     enc: [u8; ENC_LEN],
     keys: WireKeys,
+    /// The verified answer key of the receiver run last answered from.
+    answer: Option<AnswerKey>,
+    /// The delivery keys of the receiver run the device knows.
+    deliver: Option<DeliverKeys>,
 }
 
 /// One device's link to one receiver.
@@ -82,21 +139,25 @@ pub struct Sender {
     rng: StdRng,
     counters: Arc<Counters>,
     link_secret: Option<[u8; 32]>,
-    /// HPKE session (or link keys) of the current sender run.
-    session: Option<Session>,
-    /// The receiver run the device knows (0: none yet) and the answer key for it.
+    /// The sessions (or link keys) of at most two sender runs: the orders' and the publish/subscribe wire's.
+    sessions: Vec<Session>,
+    /// The receiver run the device knows (0: none yet), and those it has left.
     receiver_run: u64,
-    answer_key: Option<AnswerKey>,
-    outbox: VecDeque<Order>,
-    in_flight: BTreeMap<u64, InFlight>,
-    /// Smoothed round trip and its deviation (RFC 6298), once measured.
-    srtt: Option<(Duration, Duration)>,
-    /// The device's re-send timeout for new records: from the RTT, doubled by every expiry until a new sample.
-    rto: Duration,
-    /// Records the device lets be in flight now: halved when a timer expires, grown by one per answer (as TCP's
-    /// congestion window), never above the configured window.
-    cwnd: f64,
-    ready: VecDeque<u64>,
+    left_runs: VecDeque<u64>,
+    /// The sender run of subscribes, publishes and deliveries: chosen at the first of them.
+    pubsub_run: Option<u64>,
+    outbox: VecDeque<Item>,
+    flight: Flight<(Op, u64), Out>,
+    /// The next number of each op's count (orders are numbered by their seq).
+    next: [u64; 6],
+    flow: Flow,
+    publish0: VecDeque<(u32, u64, Arc<[u8]>)>,
+    subscriptions: Vec<(u32, QoS)>,
+    refresh_at: Option<Instant>,
+    /// Deliveries seen from the receiver run the device knows: QoS 0, QoS 1.
+    delivered: [ReplayWindow; 2],
+    /// Answers to deliveries, waiting to be sent.
+    answers: Vec<u8>,
     events: VecDeque<SenderEvent>,
 }
 
@@ -112,8 +173,7 @@ impl Sender {
     ) -> Result<Sender, LowOrderKey> {
         check_public(&receiver)?;
         let key_id = key.key_id();
-        let rto = config.initial_rto;
-        let window = config.window;
+        let flow = Flow::new(config.flow);
         Ok(Sender {
             config,
             key,
@@ -122,20 +182,24 @@ impl Sender {
             rng,
             counters,
             link_secret: None,
-            session: None,
+            sessions: Vec::with_capacity(2),
             receiver_run: 0,
-            answer_key: None,
+            left_runs: VecDeque::new(),
+            pubsub_run: None,
             outbox: VecDeque::new(),
-            in_flight: BTreeMap::new(),
-            srtt: None,
-            rto,
-            cwnd: window as f64,
-            ready: VecDeque::new(),
+            flight: Flight::default(),
+            next: [0; 6],
+            flow,
+            publish0: VecDeque::new(),
+            subscriptions: Vec::new(),
+            refresh_at: None,
+            delivered: Default::default(),
+            answers: Vec::new(),
             events: VecDeque::new(),
         })
     }
 
-    /// This device's key id (how answers are routed to it).
+    /// This device's key id (how answers and deliveries are routed to it).
     pub fn key_id(&self) -> wire::KeyId {
         self.key_id
     }
@@ -145,104 +209,301 @@ impl Sender {
         self.receiver_run
     }
 
-    /// Orders handed over and not yet answered.
+    /// Frames handed over and not yet answered (or, QoS 0 publishes, not yet sent).
     pub fn pending(&self) -> usize {
-        self.outbox.len() + self.in_flight.len()
+        self.outbox.len() + self.flight.len() + self.publish0.len()
     }
 
     /// Hand over an order. All orders of one device share one sender run (`id.run`); a new run starts a new session.
     pub fn push(&mut self, now: Instant, order: Order) {
-        self.outbox.push_back(order);
+        self.outbox.push_back(Item::Order(order));
         self.fill_window(now);
     }
 
+    /// Subscribe to `channel` at `qos` (again, if already subscribed: the new QoS replaces the old one).
+    pub fn subscribe(&mut self, now: Instant, channel: u32, qos: QoS) {
+        match self.subscriptions.iter_mut().find(|(c, _)| *c == channel) {
+            Some(s) => s.1 = qos,
+            None => self.subscriptions.push((channel, qos)),
+        }
+        self.pubsub_run();
+        self.outbox.push_back(Item::Subscribe { channel, qos });
+        self.refresh_at.get_or_insert(now + self.config.refresh);
+        self.fill_window(now);
+    }
+
+    /// Publish message `id` on `channel`. QoS 1: re-sent until the receiver answers; QoS 0: sent once.
+    pub fn publish(
+        &mut self,
+        now: Instant,
+        channel: u32,
+        id: u64,
+        qos: QoS,
+        payload: Arc<[u8]>,
+    ) -> Result<(), PublishError> {
+        let max = wire::max_payload(self.config.kind, Op::publish(qos));
+        if payload.len() > max {
+            return Err(PublishError::TooLarge {
+                size: payload.len(),
+                max,
+            });
+        }
+        self.pubsub_run();
+        match qos {
+            QoS::AtMostOnce => self.publish0.push_back((channel, id, payload)),
+            QoS::AtLeastOnce => self.outbox.push_back(Item::Publish {
+                channel,
+                id,
+                payload,
+            }),
+        }
+        self.fill_window(now);
+        Ok(())
+    }
+
+    fn pubsub_run(&mut self) -> u64 {
+        match self.pubsub_run {
+            Some(run) => run,
+            None => {
+                let mut run = 0;
+                while run == 0 {
+                    run = self.rng.next_u64();
+                }
+                self.pubsub_run = Some(run);
+                run
+            }
+        }
+    }
+
+    fn run_of(&self, item: &Item) -> u64 {
+        match item {
+            Item::Order(o) => o.id.run,
+            _ => self.pubsub_run.unwrap_or(0),
+        }
+    }
+
     fn fill_window(&mut self, now: Instant) {
-        while self.in_flight.len() < (self.cwnd as usize).max(1) {
-            let Some(order) = self.outbox.pop_front() else {
+        while self.flow.room(self.flight.len()) {
+            let Some(item) = self.outbox.front() else {
                 break;
             };
-            let seq = order.id.seq;
-            let rto = self.rto();
-            self.in_flight.insert(
-                seq,
-                InFlight {
-                    order,
-                    first_sent: None,
-                    resent: false,
-                    sealed: None,
-                    own_keys: None,
-                    rto,
-                    deadline: now + rto,
-                    queued: true,
-                },
-            );
-            self.ready.push_back(seq);
+            let op = item.op();
+            let number = match item {
+                Item::Order(o) => o.id.seq,
+                _ => {
+                    let n = self.next[op as usize];
+                    let oldest = self.flight.first_in((op, 0)..=(op, u64::MAX));
+                    if oldest.is_some_and(|(_, oldest)| n >= oldest + REPLAY_WINDOW) {
+                        // The receiver's window would not tell this number from one it has already seen.
+                        break;
+                    }
+                    self.next[op as usize] += 1;
+                    n
+                }
+            };
+            let item = self.outbox.pop_front().expect("looked at above");
+            let out = Out {
+                item,
+                sealed: None,
+                own_keys: None,
+            };
+            self.flight.insert(now, (op, number), out, self.flow.rto());
         }
     }
 
     /// Take in a datagram from the receiver.
     pub fn handle(&mut self, now: Instant, datagram: &[u8]) {
         for frame in wire::frames(datagram) {
-            let Ok(Frame::Answer(a)) = frame else {
-                Counters::inc(&self.counters.refused_malformed);
-                break;
-            };
-            if a.kind != self.config.kind || a.key_id != self.key_id {
-                Counters::inc(&self.counters.refused_malformed);
-                continue;
-            }
-            let Some(entry) = self.in_flight.get(&a.seq) else {
-                continue;
-            };
-            if entry.order.id.run != a.run {
-                continue;
-            }
-            if self.config.kind.sealed() {
-                let key = match (&entry.own_keys, &self.answer_key) {
-                    (Some(own), _) => own.answer_key(a.receiver_run),
-                    (None, Some(k)) if k.run() == a.receiver_run => k.clone(),
-                    (None, _) => match &self.session {
-                        Some(s) if s.run == a.run => s.keys.answer_key(a.receiver_run),
-                        _ => continue,
-                    },
-                };
-                if !key.verify(a.seq, a.header, a.tag) {
-                    Counters::inc(&self.counters.refused_forged);
-                    continue;
-                }
-                if entry.own_keys.is_none() {
-                    self.answer_key = Some(key);
+            match frame {
+                Ok(Frame::Answer(a)) if a.op != Op::Deliver1 => self.answer(now, &a),
+                Ok(Frame::Record(r)) if r.op.to_device() => self.delivery(&r),
+                _ => {
+                    Counters::inc(&self.counters.refused_malformed);
+                    break;
                 }
             }
-            if a.receiver_run != self.receiver_run {
-                // A new receiver run: records sealed from now on name it. Nothing else changes on the device.
-                self.receiver_run = a.receiver_run;
-            }
-            let entry = self.in_flight.remove(&a.seq).expect("looked up above");
-            if let (false, Some(sent)) = (entry.resent, entry.first_sent) {
-                self.sample_rtt(now.saturating_duration_since(sent));
-            }
-            self.cwnd = (self.cwnd + 1.0).min(self.config.window as f64);
-            self.events.push_back(SenderEvent::Stored(entry.order.id));
         }
         self.fill_window(now);
     }
 
-    fn sample_rtt(&mut self, rtt: Duration) {
-        self.srtt = Some(match self.srtt {
-            None => (rtt, rtt / 2),
-            Some((srtt, var)) => {
-                let diff = srtt.abs_diff(rtt);
-                ((srtt * 7 + rtt) / 8, (var * 3 + diff) / 4)
+    fn answer(&mut self, now: Instant, a: &wire::Answer<'_>) {
+        if a.kind != self.config.kind || a.key_id != self.key_id {
+            Counters::inc(&self.counters.refused_malformed);
+            return;
+        }
+        let key = (a.op, a.seq);
+        let Some(out) = self.flight.get(&key) else {
+            return;
+        };
+        if self.run_of(&out.item) != a.run {
+            return;
+        }
+        let Some(sealed_for) = out.sealed.as_ref().map(|(run, _)| *run) else {
+            return;
+        };
+        if self.config.kind.sealed() {
+            let key = match &out.own_keys {
+                Some(own) => Some(own.answer_key(a.receiver_run)),
+                None => self
+                    .sessions
+                    .iter()
+                    .find(|s| s.run == a.run)
+                    .map(|s| match &s.answer {
+                        Some(k) if k.run() == a.receiver_run => k.clone(),
+                        _ => s.keys.answer_key(a.receiver_run),
+                    }),
+            };
+            let Some(key) = key else {
+                return;
+            };
+            if !key.verify(a.op, a.seq, a.header, a.tag) {
+                Counters::inc(&self.counters.refused_forged);
+                return;
             }
+            if out.own_keys.is_none() {
+                if let Some(s) = self.sessions.iter_mut().find(|s| s.run == a.run) {
+                    s.answer = Some(key);
+                }
+            }
+        }
+        let left = self.left_runs.contains(&a.receiver_run);
+        if a.op != Op::Order && (left || sealed_for != a.receiver_run) {
+            // Not taken: the receiver takes subscribes and publishes sealed for its current run only. A run the
+            // device has left says nothing; a new one is learned, and everything sealed for another is sent again.
+            if !left {
+                self.learn_run(a.receiver_run);
+            }
+            return;
+        }
+        let (out, rtt) = self.flight.remove(now, &key).expect("looked up above");
+        self.flow.answered(rtt);
+        if !left {
+            self.learn_run(a.receiver_run);
+        }
+        self.events.push_back(match out.item {
+            Item::Order(o) => SenderEvent::Stored(o.id),
+            Item::Subscribe { channel, .. } => SenderEvent::Subscribed(channel),
+            Item::Publish { id, .. } => SenderEvent::Accepted(id),
         });
-        let (srtt, var) = self.srtt.expect("set above");
-        self.rto = (srtt + var * 4).clamp(self.config.initial_rto, self.config.max_rto);
     }
 
-    /// The re-send timeout for a record sent now.
-    fn rto(&self) -> Duration {
-        self.rto
+    /// A verified answer named receiver run `run`. If it is new, the receiver restarted: records sealed from now on
+    /// name it, the deliveries of the old run are forgotten, and the subscriptions it lost are sent again.
+    fn learn_run(&mut self, run: u64) {
+        if run == self.receiver_run {
+            return;
+        }
+        if self.receiver_run != 0 {
+            if self.left_runs.len() == RUNS_REMEMBERED {
+                self.left_runs.pop_front();
+            }
+            self.left_runs.push_back(self.receiver_run);
+        }
+        self.receiver_run = run;
+        self.delivered = Default::default();
+        // Subscribes and publishes sealed for another run are not taken by this one: they go out again as new
+        // frames, with new numbers (a number is never sealed twice with different contents under one key).
+        let stale = self.flight.drain_where(|(op, _), out| {
+            *op != Op::Order && matches!(out.sealed, Some((r, _)) if r != run)
+        });
+        for out in stale.into_iter().rev() {
+            self.outbox.push_front(out.item);
+        }
+        for (channel, qos) in self.subscriptions.clone() {
+            if !self.subscribing(channel) {
+                self.outbox.push_back(Item::Subscribe { channel, qos });
+            }
+        }
+    }
+
+    /// Whether a subscribe to `channel` is waiting or in flight.
+    fn subscribing(&self, channel: u32) -> bool {
+        let is = |item: &Item| matches!(item, Item::Subscribe { channel: c, .. } if *c == channel);
+        self.outbox.iter().any(is) || self.flight.items().any(|(_, out)| is(&out.item))
+    }
+
+    fn delivery(&mut self, r: &Record<'_>) {
+        if r.kind != self.config.kind || r.key_id != self.key_id {
+            Counters::inc(&self.counters.refused_malformed);
+            return;
+        }
+        let Some(receiver_run) = r.receiver_run() else {
+            return;
+        };
+        // Only deliveries on the device's publish/subscribe wire, from the receiver run it knows: a QoS 1 delivery
+        // from a run not learned yet is re-sent until the device has learned it from an answer.
+        if self.pubsub_run != Some(r.run) || receiver_run != self.receiver_run {
+            return;
+        }
+        let keys = match self.config.kind {
+            Kind::Plain => None,
+            Kind::HpkePerRequest => {
+                let Some(enc) = r.enc().filter(|enc| check_public(enc).is_ok()) else {
+                    Counters::inc(&self.counters.refused_forged);
+                    return;
+                };
+                // The delivery's own setup: two X25519.
+                Counters::add(&self.counters.x25519, 2);
+                Counters::inc(&self.counters.key_derivations);
+                match WireKeys::hpke_delivery_receiver(&self.key, &self.receiver, enc) {
+                    Ok(k) => Some(k.deliver_keys(receiver_run)),
+                    Err(_) => {
+                        Counters::inc(&self.counters.refused_forged);
+                        return;
+                    }
+                }
+            }
+            Kind::HpkeSession | Kind::Link => {
+                let Some(s) = self.sessions.iter_mut().find(|s| s.run == r.run) else {
+                    return;
+                };
+                if s.deliver.as_ref().map(|d| d.run()) != Some(receiver_run) {
+                    Counters::inc(&self.counters.key_derivations);
+                    s.deliver = Some(s.keys.deliver_keys(receiver_run));
+                }
+                s.deliver.clone()
+            }
+        };
+        let plain = match &keys {
+            Some(k) => match k.open(r.op, r.seq, r.header, r.body) {
+                Ok(p) => p,
+                Err(_) => {
+                    Counters::inc(&self.counters.refused_forged);
+                    return;
+                }
+            },
+            None => r.body.to_vec(),
+        };
+        let (Some(channel), Some(id)) = (
+            plain.first_chunk::<4>().map(|c| u32::from_be_bytes(*c)),
+            plain
+                .get(4..12)
+                .map(|b| u64::from_be_bytes(b.try_into().expect("8 bytes"))),
+        ) else {
+            Counters::inc(&self.counters.refused_malformed);
+            return;
+        };
+        let qos1 = r.op == Op::Deliver1;
+        if self.delivered[qos1 as usize].take(r.seq) == Seen::New {
+            self.events
+                .push_back(SenderEvent::Delivered { channel, id });
+        }
+        if qos1 {
+            // Answered every time it arrives: the first answer may have been lost.
+            let header = wire::put_answer_header(
+                &mut self.answers,
+                self.config.kind,
+                Op::Deliver1,
+                &self.key_id,
+                r.run,
+                r.seq,
+                receiver_run,
+            );
+            if let Some(k) = &keys {
+                let tag = k.answer.tag(Op::Deliver1, r.seq, &self.answers[header]);
+                self.answers.extend_from_slice(&tag);
+            }
+        }
     }
 
     /// The next event.
@@ -252,69 +513,134 @@ impl Sender {
 
     /// When [`Sender::handle_timeout`] should be called next.
     pub fn poll_timeout(&self) -> Option<Instant> {
-        self.in_flight
-            .values()
-            .filter(|f| !f.queued)
-            .map(|f| f.deadline)
+        [self.flight.poll_timeout(), self.refresh_at]
+            .into_iter()
+            .flatten()
             .min()
     }
 
-    /// Queue the records whose answer is overdue, and back their timers off.
+    /// Queue the frames whose answer is overdue and back the timer off; send the subscriptions again when due.
     pub fn handle_timeout(&mut self, now: Instant) {
-        let mut expired = false;
-        for (seq, f) in self.in_flight.iter_mut() {
-            if !f.queued && f.deadline <= now {
-                f.queued = true;
-                f.resent = true;
-                f.rto = (f.rto * 2).min(self.config.max_rto);
-                f.deadline = now + f.rto;
-                self.ready.push_back(*seq);
-                Counters::inc(&self.counters.resent_timeout);
-                expired = true;
-            }
+        let expired = self.flight.handle_timeout(now, self.flow.config().max_rto);
+        if expired > 0 {
+            Counters::add(&self.counters.resent_timeout, expired as u64);
+            self.flow.expired();
         }
-        if expired {
-            // Back the device's timer off too (RFC 6298, 5.5), until a record answered at the first try measures
-            // the round trip again: records sent meanwhile do not time out against a queue they cannot beat.
-            self.rto = (self.rto * 2).min(self.config.max_rto);
-            self.cwnd = (self.cwnd / 2.0).max(MIN_WINDOW);
+        if self.refresh_at.is_some_and(|t| t <= now) {
+            self.refresh_at = Some(now + self.config.refresh);
+            for (channel, qos) in self.subscriptions.clone() {
+                if !self.subscribing(channel) {
+                    self.outbox.push_back(Item::Subscribe { channel, qos });
+                }
+            }
+            self.fill_window(now);
         }
     }
 
-    /// Fill `buf` with the next datagram (records packed up to [`MAX_DATAGRAM`]); false when there is nothing to send.
+    /// Fill `buf` with the next datagram (frames packed up to [`MAX_DATAGRAM`]); false when there is nothing to send.
     pub fn poll_transmit(&mut self, now: Instant, buf: &mut Vec<u8>) -> bool {
         buf.clear();
-        while let Some(&seq) = self.ready.front() {
-            let Some(f) = self.in_flight.get(&seq) else {
-                self.ready.pop_front();
-                continue;
-            };
-            let fresh = match &f.sealed {
-                Some((run, _)) => self.config.kind == Kind::Link && *run != self.receiver_run,
+        if !self.answers.is_empty() {
+            // Answers first: small, and the receiver's window for this device waits on them.
+            let frame_len = self.config.kind.answer_len();
+            let take = self.answers.len().min(MAX_DATAGRAM / frame_len * frame_len);
+            buf.extend(self.answers.drain(..take));
+        }
+        while let Some(key) = self.flight.next_ready() {
+            let out = self.flight.get(&key).expect("ready keys are in flight");
+            let fresh = match &out.sealed {
+                // Link keys depend on the receiver run: an order re-sent after a restart is sealed for the new one.
+                Some((run, _)) => {
+                    self.config.kind == Kind::Link
+                        && key.0 == Op::Order
+                        && *run != self.receiver_run
+                }
                 None => true,
             };
             if fresh {
-                self.seal(seq);
+                self.seal(key);
             }
-            let f = self.in_flight.get_mut(&seq).expect("present");
-            let frame = &f.sealed.as_ref().expect("sealed above").1;
+            let out = self.flight.get(&key).expect("present");
+            let frame = &out.sealed.as_ref().expect("sealed above").1;
             if !buf.is_empty() && buf.len() + frame.len() > MAX_DATAGRAM {
-                break;
+                return true;
             }
             buf.extend_from_slice(frame);
-            f.first_sent.get_or_insert(now);
-            f.queued = false;
-            f.deadline = now + f.rto;
-            self.ready.pop_front();
+            self.flight.sent(now, key);
+        }
+        while let Some((_, _, payload)) = self.publish0.front() {
+            let len = wire::record_len(self.config.kind, Op::Publish0, payload.len());
+            if !buf.is_empty() && buf.len() + len > MAX_DATAGRAM {
+                return true;
+            }
+            let (channel, id, payload) = self.publish0.pop_front().expect("looked at above");
+            let run = self.pubsub_run();
+            let number = self.next[Op::Publish0 as usize];
+            self.next[Op::Publish0 as usize] += 1;
+            let (variant, keys) = self.keys_for(run);
+            let head = Head {
+                kind: self.config.kind,
+                op: Op::Publish0,
+                key_id: &self.key_id,
+                run,
+                number,
+                variant: &variant,
+            };
+            let fields = publish_fields(self.receiver_run, channel, id);
+            put_record(buf, &head, sealer(&keys), &fields, &payload);
+            self.events.push_back(SenderEvent::Accepted(id));
         }
         !buf.is_empty()
     }
 
-    fn seal(&mut self, seq: u64) {
-        let kind = self.config.kind;
-        let run = self.in_flight[&seq].order.id.run;
-        // The variant header, and the keys the record is sealed with (none for plain).
-        let (variant, keys): (Vec<u8>, Option<WireKeys>) = match kind {
+    fn seal(&mut self, key: (Op, u64)) {
+        let (op, number) = key;
+        let run = self.run_of(&self.flight.get(&key).expect("present").item);
+        let (variant, keys) = self.keys_for(run);
+        let out = self.flight.get(&key).expect("present");
+        let mut buf = [0u8; 20];
+        let (fields, payload): (&[u8], &[u8]) = match &out.item {
+            Item::Order(o) => {
+                buf[..8].copy_from_slice(&o.made_us.to_be_bytes());
+                (&buf[..8], &o.payload)
+            }
+            Item::Subscribe { channel, qos } => {
+                buf[..8].copy_from_slice(&self.receiver_run.to_be_bytes());
+                buf[8..12].copy_from_slice(&channel.to_be_bytes());
+                buf[12] = qos.level();
+                (&buf[..13], &[])
+            }
+            Item::Publish {
+                channel,
+                id,
+                payload,
+            } => {
+                buf = publish_fields(self.receiver_run, *channel, *id);
+                (&buf[..], payload)
+            }
+        };
+        let head = Head {
+            kind: self.config.kind,
+            op,
+            key_id: &self.key_id,
+            run,
+            number,
+            variant: &variant,
+        };
+        let mut frame = Vec::with_capacity(wire::record_len(self.config.kind, op, payload.len()));
+        put_record(&mut frame, &head, sealer(&keys), fields, payload);
+        let rrun = self.receiver_run;
+        let out = self.flight.get_mut(&key).expect("present");
+        out.sealed = Some((rrun, frame));
+        if self.config.kind == Kind::HpkePerRequest {
+            // The answer to this record is tagged with a key of its own setup.
+            out.own_keys = keys;
+        }
+    }
+
+    /// The variant header of a record on sender run `run`, and the keys it is sealed with (none for plain).
+    fn keys_for(&mut self, run: u64) -> (Vec<u8>, Option<WireKeys>) {
+        match self.config.kind {
             Kind::Plain => (Vec::new(), None),
             Kind::HpkePerRequest => {
                 Counters::add(&self.counters.x25519, 3);
@@ -322,68 +648,44 @@ impl Sender {
                 (enc.to_vec(), Some(keys))
             }
             Kind::HpkeSession => {
-                self.session_for(run);
-                let s = self.session.as_ref().expect("set above");
+                let i = self.session_for(run);
+                let s = &self.sessions[i];
                 (s.enc.to_vec(), Some(s.keys.clone()))
             }
             Kind::Link => {
-                self.session_for(run);
-                let s = self.session.as_ref().expect("set above");
+                let i = self.session_for(run);
+                let s = &self.sessions[i];
                 (
                     self.receiver_run.to_be_bytes().to_vec(),
                     Some(s.keys.clone()),
                 )
             }
-        };
-        let o = &self.in_flight[&seq].order;
-        let len = wire::record_len(kind, o.payload.len());
-        let mut frame = Vec::with_capacity(len);
-        let header = wire::put_record_header(
-            &mut frame,
-            kind,
-            &self.key_id,
-            run,
-            seq,
-            &variant,
-            len - kind.record_header_len(),
-        );
-        match &keys {
-            Some(k) => k.seal_record(seq, header, o.made_us, &o.payload, &mut frame),
-            None => {
-                frame.extend_from_slice(&o.made_us.to_be_bytes());
-                frame.extend_from_slice(&o.payload);
-            }
-        }
-        let f = self.in_flight.get_mut(&seq).expect("present");
-        f.sealed = Some((self.receiver_run, frame));
-        if kind == Kind::HpkePerRequest {
-            // The answer to this record is tagged with a key of its own setup.
-            f.own_keys = keys;
         }
     }
 
-    /// Make sure the session (HPKE) or link keys for sender run `run` exist.
-    fn session_for(&mut self, run: u64) {
-        let current = self.session.as_ref().map(|s| (s.run, s.receiver_run));
-        match current {
-            Some((r, _)) if r == run && self.config.kind != Kind::Link => return,
-            Some((r, rr)) if r == run && rr == self.receiver_run => return,
-            Some((r, _)) if r == run => {}
-            // A new sender run: answers of the old one no longer verify with the cached key.
-            _ => self.answer_key = None,
+    /// The session (HPKE) or link keys of sender run `run`, made if needed; returns its index.
+    fn session_for(&mut self, run: u64) -> usize {
+        let kind = self.config.kind;
+        if let Some(i) = self.sessions.iter().position(|s| s.run == run) {
+            let s = &mut self.sessions[i];
+            if kind == Kind::Link && s.receiver_run != self.receiver_run {
+                // A new receiver run: the record key for it, two HKDFs (the answer secret stays).
+                Counters::inc(&self.counters.key_derivations);
+                s.keys = WireKeys::link(
+                    &self.link_secret.expect("set with the session"),
+                    run,
+                    self.receiver_run,
+                );
+                s.receiver_run = self.receiver_run;
+            }
+            return i;
         }
-        match self.config.kind {
+        let (enc, keys) = match kind {
             Kind::HpkeSession => {
                 Counters::add(&self.counters.x25519, 3);
-                let (enc, keys) = WireKeys::hpke_sender(&mut self.rng, &self.key, &self.receiver);
-                self.session = Some(Session {
-                    run,
-                    receiver_run: 0,
-                    enc,
-                    keys,
-                });
+                WireKeys::hpke_sender(&mut self.rng, &self.key, &self.receiver)
             }
-            Kind::Link => {
+            _ => {
                 let secret = match self.link_secret {
                     Some(s) => s,
                     None => {
@@ -400,15 +702,43 @@ impl Sender {
                     }
                 };
                 Counters::inc(&self.counters.key_derivations);
-                let keys = WireKeys::link(&secret, run, self.receiver_run);
-                self.session = Some(Session {
-                    run,
-                    receiver_run: self.receiver_run,
-                    enc: [0; ENC_LEN],
-                    keys,
-                });
+                (
+                    [0; ENC_LEN],
+                    WireKeys::link(&secret, run, self.receiver_run),
+                )
             }
-            Kind::Plain | Kind::HpkePerRequest => {}
+        };
+        if self.sessions.len() == 2 {
+            // Keep the publish/subscribe wire's session: its deliveries are opened with it.
+            let evict = self
+                .sessions
+                .iter()
+                .position(|s| Some(s.run) != self.pubsub_run)
+                .unwrap_or(0);
+            self.sessions.remove(evict);
         }
+        self.sessions.push(Session {
+            run,
+            receiver_run: self.receiver_run,
+            enc,
+            keys,
+            answer: None,
+            deliver: None,
+        });
+        self.sessions.len() - 1
     }
+}
+
+/// The fixed fields of a publish.
+fn publish_fields(receiver_run: u64, channel: u32, id: u64) -> [u8; 20] {
+    let mut f = [0u8; 20];
+    f[..8].copy_from_slice(&receiver_run.to_be_bytes());
+    f[8..12].copy_from_slice(&channel.to_be_bytes());
+    f[12..].copy_from_slice(&id.to_be_bytes());
+    f
+}
+
+/// The sealer of optional keys (none: plain).
+fn sealer(keys: &Option<WireKeys>) -> Option<&dyn Sealer> {
+    keys.as_ref().map(|k| k as &dyn Sealer)
 }

@@ -1,8 +1,10 @@
 //! The receiver's UDP driver: one socket, the sans-IO [`Receiver`], and the store.
 //!
 //! Each turn reads every datagram that is waiting (up to a bound), commits all the orders they carried as one
-//! group, then sends the answers. While a group commits, new datagrams wait in the socket's buffer and form the
-//! next group: group commit falls out of the loop without a timer.
+//! group, then sends the answers and the relay's deliveries (up to a bound, so that reading goes on under a fanout;
+//! what is left waits in the relay's bounded queues for the next turn). While a group commits, new datagrams wait in
+//! the socket's buffer and form the next group: group commit falls out of the loop without a timer. The only timer
+//! is the relay's next re-send.
 //!
 //! Nothing a peer sends can end the loop: answers go to a datagram's source address, which anyone can forge (port 0,
 //! a broadcast or unroutable address), so a send that fails is counted (`send_errors`) and dropped, and errors a
@@ -11,12 +13,16 @@
 use crate::receiver::Receiver;
 use crate::wire::MAX_DATAGRAM;
 use std::io;
+use std::time::Instant;
 use tokio::net::UdpSocket;
 use transport_core::commit::SharedStore;
 use transport_core::{Counters, TransportError};
 
 /// Datagrams read per turn at most, so answers keep flowing under a flood.
 const MAX_DATAGRAMS_PER_TURN: usize = 256;
+
+/// Datagrams sent per turn at most, so reading keeps up under a fanout.
+const MAX_SENDS_PER_TURN: usize = 1024;
 
 /// Run the receiver until the socket or the store fails.
 pub async fn run(
@@ -28,10 +34,21 @@ pub async fn run(
     let mut buf = vec![0u8; MAX_DATAGRAM + 1];
     let mut out = Vec::with_capacity(MAX_DATAGRAM);
     loop {
-        socket.readable().await?;
+        // Wake for a datagram, for the relay's next re-send, or at once if the last turn left output waiting.
+        let wake = if receiver.has_output() {
+            Some(Instant::now())
+        } else {
+            receiver.poll_timeout()
+        };
+        tokio::select! {
+            r = socket.readable() => r?,
+            _ = sleep_until(wake) => {}
+        }
+        let now = Instant::now();
+        receiver.handle_timeout(now);
         for _ in 0..MAX_DATAGRAMS_PER_TURN {
             match socket.try_recv_from(&mut buf) {
-                Ok((n, from)) => receiver.handle(from, &buf[..n]),
+                Ok((n, from)) => receiver.handle(now, from, &buf[..n]),
                 Err(e) if e.kind() == io::ErrorKind::WouldBlock => break,
                 Err(e) if caused_by_a_peer(&e) => continue,
                 Err(e) => return Err(e.into()),
@@ -45,12 +62,22 @@ pub async fn run(
                 receiver.answer(reply);
             }
         }
-        while let Some(to) = receiver.poll_transmit(&mut out) {
-            // The destination is whatever source the datagram claimed: its failure is that answer's alone.
+        for _ in 0..MAX_SENDS_PER_TURN {
+            let Some(to) = receiver.poll_transmit(now, &mut out) else {
+                break;
+            };
+            // The destination is whatever source the datagram claimed: its failure is that datagram's alone.
             if socket.send_to(&out, to).await.is_err() {
                 Counters::inc(&receiver.counters().send_errors);
             }
         }
+    }
+}
+
+async fn sleep_until(t: Option<Instant>) {
+    match t {
+        Some(t) => tokio::time::sleep_until(t.into()).await,
+        None => std::future::pending().await,
     }
 }
 

@@ -3,30 +3,51 @@
 //! A datagram carries one or more frames back to back. Every frame starts with a version byte and a kind byte, and
 //! is self-delimiting, so a receiver can walk a datagram without knowing any key. All integers are big-endian.
 //!
-//! **Record** (sender → receiver), kinds 1-4:
+//! The kind byte is `answer (bit 7) | op (bits 4-6) | variant (bits 0-3)`. The variant says how the frame is sealed
+//! (1 plain, 2 hpke-session, 3 hpke-per-request, 4 link); the op says what it carries:
+//!
+//! | op | frame | direction | answered |
+//! |---|---|---|---|
+//! | 0 | order | device → receiver | "stored", after the store's commit |
+//! | 1 | subscribe | device → receiver | once the subscription is kept |
+//! | 2 | publish, QoS 1 | device → receiver | once the relay has queued it for every subscriber |
+//! | 3 | publish, QoS 0 | device → receiver | never |
+//! | 4 | delivery, QoS 1 | receiver → device | by the device, once it has it |
+//! | 5 | delivery, QoS 0 | receiver → device | never |
+//!
+//! **Record** (every op):
 //!
 //! ```text
-//! version u8 = 1 | kind u8 | sender key id [8] | sender run u64 | seq u64 | variant header | body len u16 | body
-//!   kind 1 plain:              variant header empty, body = the order's payload (no tag)
-//!   kind 2 hpke-session:       variant header = enc [32] (the session's encapsulated key), body = ciphertext+tag
-//!   kind 3 hpke-per-request:   variant header = enc [32] (this record's own encapsulation), body = ciphertext+tag
-//!   kind 4 link:               variant header = receiver run u64 (the run the sender knows, 0 = none yet),
-//!                              body = ciphertext+tag
+//! version u8 = 1 | kind u8 | key id [8] | run u64 | number u64 | variant header | body len u16 | body
 //! ```
 //!
-//! The plaintext of a sealed body is `made_us u64 | payload`; the AEAD's associated data is the frame header
-//! (every byte before the body), so a changed sender, run, number or enc does not open.
-//!
-//! **Answer "stored"** (receiver → sender), kinds 0x81-0x84 (the record kind with the top bit set):
+//! The key id and run name the device's wire (its key and its sender run), also in deliveries. The number is the
+//! order's seq (op 0) or the frame's number in its op's own count (ops 1-5, from 0 per wire). The variant header
+//! is, for device → receiver ops: empty (plain), the 32-byte HPKE enc (hpke kinds), the receiver run u64 the
+//! device knows (link); for deliveries: the receiver run u64, and for hpke-per-request the enc of the delivery's
+//! own setup. The body is the sealed plaintext and its 16-byte tag (no tag for plain); the plaintext starts with
+//! the op's fixed fields:
 //!
 //! ```text
-//! version u8 = 1 | kind u8 | sender key id [8] | sender run u64 | seq u64 | receiver run u64 | tag [16] (not for plain)
+//!   order      made_us u64 | payload
+//!   subscribe  receiver run u64 | channel u32 | qos u8 (0 or 1)
+//!   publish    receiver run u64 | channel u32 | message id u64 | payload
+//!   delivery   channel u32 | message id u64 | payload
 //! ```
 //!
-//! The tag is an AEAD tag over the answer's header with an empty plaintext, under the answer key of the wire and the
-//! receiver's run (see `docs/pure.md`).
+//! The AEAD's associated data is the frame header (every byte before the body), so a changed kind, op, sender,
+//! run, number or variant header does not open.
+//!
+//! **Answer** (ops 0, 1, 2 receiver → device; op 4 device → receiver), the kind with the top bit set:
+//!
+//! ```text
+//! version u8 = 1 | kind u8 | key id [8] | run u64 | number u64 | receiver run u64 | tag [16] (not for plain)
+//! ```
+//!
+//! The tag is an AEAD tag over the answer's header with an empty plaintext (see `docs/pure.md` for its key).
 
 use std::fmt;
+use transport_core::QoS;
 
 /// The only version this implementation speaks.
 pub const VERSION: u8 = 1;
@@ -36,13 +57,13 @@ pub const KEY_ID_LEN: usize = 8;
 pub const ENC_LEN: usize = 32;
 /// Length of an AEAD tag.
 pub const TAG_LEN: usize = 16;
-/// Bytes before the variant header: version, kind, key id, run, seq.
+/// Bytes before the variant header: version, kind, key id, run, number.
 pub const COMMON_LEN: usize = 2 + KEY_ID_LEN + 8 + 8;
 /// Length of an answer frame without its tag.
 pub const ANSWER_HEADER_LEN: usize = COMMON_LEN + 8;
 /// The largest datagram a sender builds (fits any path MTU of 1280 with IPv6 and UDP headers).
 pub const MAX_DATAGRAM: usize = 1200;
-/// The plaintext prefix of a sealed body: the time the order was made.
+/// The plaintext prefix of an order: the time the order was made.
 pub const MADE_LEN: usize = 8;
 
 /// A sender key id: the first [`KEY_ID_LEN`] bytes of its public key.
@@ -55,7 +76,7 @@ pub fn key_id(public: &[u8; 32]) -> KeyId {
     id
 }
 
-/// How a record is sealed; one per variant.
+/// How a frame is sealed; one per variant.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub enum Kind {
     /// No sealing: the ceiling.
@@ -66,6 +87,81 @@ pub enum Kind {
     HpkePerRequest = 3,
     /// A link secret from the two static keys, keys per (sender run, receiver run).
     Link = 4,
+}
+
+/// What a frame carries (see the module doc's table).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub enum Op {
+    /// An order to store.
+    Order = 0,
+    /// A subscription to a channel.
+    Subscribe = 1,
+    /// A message to relay, at least once.
+    Publish1 = 2,
+    /// A message to relay, at most once.
+    Publish0 = 3,
+    /// A relayed message, at least once.
+    Deliver1 = 4,
+    /// A relayed message, at most once.
+    Deliver0 = 5,
+}
+
+impl Op {
+    fn from_bits(b: u8) -> Option<Op> {
+        Some(match b {
+            0 => Op::Order,
+            1 => Op::Subscribe,
+            2 => Op::Publish1,
+            3 => Op::Publish0,
+            4 => Op::Deliver1,
+            5 => Op::Deliver0,
+            _ => return None,
+        })
+    }
+
+    /// Whether frames of this op are answered.
+    pub fn answered(self) -> bool {
+        matches!(
+            self,
+            Op::Order | Op::Subscribe | Op::Publish1 | Op::Deliver1
+        )
+    }
+
+    /// Whether the receiver sends frames of this op to a device (deliveries), rather than a device to the receiver.
+    pub fn to_device(self) -> bool {
+        matches!(self, Op::Deliver1 | Op::Deliver0)
+    }
+
+    /// The publish of `qos`.
+    pub fn publish(qos: QoS) -> Op {
+        match qos {
+            QoS::AtLeastOnce => Op::Publish1,
+            QoS::AtMostOnce => Op::Publish0,
+        }
+    }
+
+    /// The delivery of `qos`.
+    pub fn deliver(qos: QoS) -> Op {
+        match qos {
+            QoS::AtLeastOnce => Op::Deliver1,
+            QoS::AtMostOnce => Op::Deliver0,
+        }
+    }
+
+    /// Bytes of fixed fields at the start of the plaintext.
+    pub fn fixed_len(self) -> usize {
+        match self {
+            Op::Order => MADE_LEN,
+            Op::Subscribe => 8 + 4 + 1,
+            Op::Publish1 | Op::Publish0 => 8 + 4 + 8,
+            Op::Deliver1 | Op::Deliver0 => 4 + 8,
+        }
+    }
+}
+
+/// The kind byte of a frame.
+pub fn kind_byte(kind: Kind, op: Op, answer: bool) -> u8 {
+    (if answer { 0x80 } else { 0 }) | (op as u8) << 4 | kind as u8
 }
 
 impl Kind {
@@ -79,8 +175,15 @@ impl Kind {
         })
     }
 
-    /// Length of the variant header.
-    pub fn variant_len(self) -> usize {
+    /// Length of the variant header of a record of `op`.
+    pub fn variant_len(self, op: Op) -> usize {
+        if op.to_device() {
+            return 8 + if self == Kind::HpkePerRequest {
+                ENC_LEN
+            } else {
+                0
+            };
+        }
         match self {
             Kind::Plain => 0,
             Kind::HpkeSession | Kind::HpkePerRequest => ENC_LEN,
@@ -88,19 +191,19 @@ impl Kind {
         }
     }
 
-    /// Whether records and answers of this kind carry a tag.
+    /// Whether frames of this kind carry a tag.
     pub fn sealed(self) -> bool {
         self != Kind::Plain
     }
 
-    /// The shortest body a record of this kind can have: the time the order was made, and the tag if sealed.
-    pub fn min_body_len(self) -> usize {
-        MADE_LEN + if self.sealed() { TAG_LEN } else { 0 }
+    /// The shortest body a record of `op` can have: its fixed fields, and the tag if sealed.
+    pub fn min_body_len(self, op: Op) -> usize {
+        op.fixed_len() + if self.sealed() { TAG_LEN } else { 0 }
     }
 
-    /// Length of a record's header (the associated data).
-    pub fn record_header_len(self) -> usize {
-        COMMON_LEN + self.variant_len() + 2
+    /// Length of the header (the associated data) of a record of `op`.
+    pub fn record_header_len(self, op: Op) -> usize {
+        COMMON_LEN + self.variant_len(op) + 2
     }
 
     /// Length of an answer frame.
@@ -116,11 +219,9 @@ pub enum WireError {
     Truncated,
     /// The version byte is not [`VERSION`].
     Version(u8),
-    /// The kind byte is not a known kind.
+    /// The kind byte names no variant, no op, or an answer to an op that is never answered.
     Kind(u8),
-    /// A frame of the wrong direction (an answer sent to a receiver, a record sent to a sender).
-    Direction,
-    /// A body shorter than its fixed fields (the made time, and the tag if sealed).
+    /// A body shorter than its fixed fields (and the tag if sealed).
     ShortBody,
 }
 
@@ -130,7 +231,6 @@ impl fmt::Display for WireError {
             WireError::Truncated => f.write_str("truncated frame"),
             WireError::Version(v) => write!(f, "unknown version {v}"),
             WireError::Kind(k) => write!(f, "unknown kind {k:#x}"),
-            WireError::Direction => f.write_str("frame of the wrong direction"),
             WireError::ShortBody => f.write_str("body shorter than its fixed fields"),
         }
     }
@@ -143,32 +243,41 @@ impl std::error::Error for WireError {}
 pub struct Record<'a> {
     /// How it is sealed.
     pub kind: Kind,
-    /// Who claims to have sent it.
+    /// What it carries.
+    pub op: Op,
+    /// The device whose wire it is on.
     pub key_id: KeyId,
-    /// The sender's run.
+    /// The device's sender run.
     pub run: u64,
-    /// The record's number within the run.
+    /// The record's number (an order's seq; the frame's number in its op's count otherwise).
     pub seq: u64,
-    /// The variant header: enc for HPKE kinds, the receiver run for `Link`, empty for `Plain`.
+    /// The variant header (see the module doc).
     pub variant: &'a [u8],
     /// The header bytes, the associated data of the seal.
     pub header: &'a [u8],
-    /// Ciphertext and tag (payload for `Plain`).
+    /// Ciphertext and tag (the plaintext for `Plain`).
     pub body: &'a [u8],
 }
 
 impl Record<'_> {
-    /// The HPKE encapsulated key (HPKE kinds only).
+    /// The HPKE encapsulated key: of the wire's session or of this record's own setup (HPKE kinds only).
     pub fn enc(&self) -> Option<&[u8; ENC_LEN]> {
+        let at = if self.op.to_device() { 8 } else { 0 };
         matches!(self.kind, Kind::HpkeSession | Kind::HpkePerRequest)
-            .then(|| self.variant.try_into().ok())
+            .then(|| self.variant.get(at..at + ENC_LEN)?.try_into().ok())
             .flatten()
     }
 
-    /// The receiver run the sender sealed for (`Link` only).
+    /// The receiver run in the header: the run a `Link` record was sealed for, or the run a delivery is from.
     pub fn receiver_run(&self) -> Option<u64> {
-        (self.kind == Kind::Link)
-            .then(|| self.variant.try_into().ok().map(u64::from_be_bytes))
+        (self.kind == Kind::Link || self.op.to_device())
+            .then(|| {
+                self.variant
+                    .get(..8)?
+                    .try_into()
+                    .ok()
+                    .map(u64::from_be_bytes)
+            })
             .flatten()
     }
 }
@@ -178,13 +287,15 @@ impl Record<'_> {
 pub struct Answer<'a> {
     /// The kind of the record answered.
     pub kind: Kind,
-    /// The sender the answer is for.
+    /// The op of the record answered.
+    pub op: Op,
+    /// The device whose wire it is on.
     pub key_id: KeyId,
     /// The sender run of the record.
     pub run: u64,
     /// The record's number.
     pub seq: u64,
-    /// The receiver's current run.
+    /// The receiver's run.
     pub receiver_run: u64,
     /// The header bytes, authenticated by the tag.
     pub header: &'a [u8],
@@ -199,6 +310,16 @@ pub enum Frame<'a> {
     Record(Record<'a>),
     /// An answer.
     Answer(Answer<'a>),
+}
+
+impl Frame<'_> {
+    /// The key id of the device whose wire the frame is on.
+    pub fn key_id(&self) -> KeyId {
+        match self {
+            Frame::Record(r) => r.key_id,
+            Frame::Answer(a) => a.key_id,
+        }
+    }
 }
 
 /// The big-endian u64 at `at` of a buffer whose length the caller has checked.
@@ -250,17 +371,22 @@ pub fn parse_frame(buf: &[u8]) -> Result<(Frame<'_>, usize), WireError> {
     }
     let kind_byte = buf[1];
     let answer = kind_byte & 0x80 != 0;
-    let kind = Kind::from_u8(kind_byte & 0x7f).ok_or(WireError::Kind(kind_byte))?;
+    let kind = Kind::from_u8(kind_byte & 0x0f).ok_or(WireError::Kind(kind_byte))?;
+    let op = Op::from_bits((kind_byte >> 4) & 0x07).ok_or(WireError::Kind(kind_byte))?;
     let key_id: KeyId = buf[2..10].try_into().expect("8 bytes");
     let run = be_u64(buf, 10);
     let seq = be_u64(buf, 18);
     if answer {
+        if !op.answered() {
+            return Err(WireError::Kind(kind_byte));
+        }
         let len = kind.answer_len();
         if buf.len() < len {
             return Err(WireError::Truncated);
         }
         let answer = Answer {
             kind,
+            op,
             key_id,
             run,
             seq,
@@ -270,13 +396,13 @@ pub fn parse_frame(buf: &[u8]) -> Result<(Frame<'_>, usize), WireError> {
         };
         return Ok((Frame::Answer(answer), len));
     }
-    let header_len = kind.record_header_len();
+    let header_len = kind.record_header_len(op);
     if buf.len() < header_len {
         return Err(WireError::Truncated);
     }
-    let variant = &buf[COMMON_LEN..COMMON_LEN + kind.variant_len()];
+    let variant = &buf[COMMON_LEN..COMMON_LEN + kind.variant_len(op)];
     let body_len = u16::from_be_bytes([buf[header_len - 2], buf[header_len - 1]]) as usize;
-    if body_len < kind.min_body_len() {
+    if body_len < kind.min_body_len(op) {
         return Err(WireError::ShortBody);
     }
     let end = header_len + body_len;
@@ -285,6 +411,7 @@ pub fn parse_frame(buf: &[u8]) -> Result<(Frame<'_>, usize), WireError> {
     }
     let record = Record {
         kind,
+        op,
         key_id,
         run,
         seq,
@@ -297,20 +424,22 @@ pub fn parse_frame(buf: &[u8]) -> Result<(Frame<'_>, usize), WireError> {
 
 /// Append a record header to `out`; the caller appends `body_len` bytes of body after it.
 /// Returns the header's range in `out` (the associated data).
+#[allow(clippy::too_many_arguments)]
 pub fn put_record_header(
     out: &mut Vec<u8>,
     kind: Kind,
+    op: Op,
     key_id: &KeyId,
     run: u64,
     seq: u64,
     variant: &[u8],
     body_len: usize,
 ) -> std::ops::Range<usize> {
-    debug_assert_eq!(variant.len(), kind.variant_len());
+    debug_assert_eq!(variant.len(), kind.variant_len(op));
     debug_assert!(body_len <= u16::MAX as usize);
     let start = out.len();
     out.push(VERSION);
-    out.push(kind as u8);
+    out.push(kind_byte(kind, op, false));
     out.extend_from_slice(key_id);
     out.extend_from_slice(&run.to_be_bytes());
     out.extend_from_slice(&seq.to_be_bytes());
@@ -319,18 +448,54 @@ pub fn put_record_header(
     start..out.len()
 }
 
+/// The header fields of a record, as [`put_record_header`] writes them.
+#[derive(Debug, Clone, Copy)]
+pub struct Head<'a> {
+    /// How it is sealed.
+    pub kind: Kind,
+    /// What it carries.
+    pub op: Op,
+    /// The device whose wire it is on.
+    pub key_id: &'a KeyId,
+    /// The device's sender run.
+    pub run: u64,
+    /// The record's number.
+    pub number: u64,
+    /// The variant header.
+    pub variant: &'a [u8],
+}
+
+impl Head<'_> {
+    /// Append the header for a plaintext of `plain_len` bytes (fixed fields and payload); returns its range.
+    pub fn put(&self, out: &mut Vec<u8>, plain_len: usize) -> std::ops::Range<usize> {
+        let tag = if self.kind.sealed() { TAG_LEN } else { 0 };
+        put_record_header(
+            out,
+            self.kind,
+            self.op,
+            self.key_id,
+            self.run,
+            self.number,
+            self.variant,
+            plain_len + tag,
+        )
+    }
+}
+
 /// Append an answer header to `out`; the caller appends the tag (sealed kinds). Returns the header's range.
 pub fn put_answer_header(
     out: &mut Vec<u8>,
     kind: Kind,
+    op: Op,
     key_id: &KeyId,
     run: u64,
     seq: u64,
     receiver_run: u64,
 ) -> std::ops::Range<usize> {
+    debug_assert!(op.answered());
     let start = out.len();
     out.push(VERSION);
-    out.push(kind as u8 | 0x80);
+    out.push(kind_byte(kind, op, true));
     out.extend_from_slice(key_id);
     out.extend_from_slice(&run.to_be_bytes());
     out.extend_from_slice(&seq.to_be_bytes());
@@ -338,19 +503,34 @@ pub fn put_answer_header(
     start..out.len()
 }
 
-/// The length of a record of `kind` with a payload of `payload_len` bytes.
-pub fn record_len(kind: Kind, payload_len: usize) -> usize {
-    let body = if kind.sealed() {
-        MADE_LEN + payload_len + TAG_LEN
-    } else {
-        MADE_LEN + payload_len
-    };
-    kind.record_header_len() + body
+/// The length of a record of `kind` and `op` whose payload (after the op's fixed fields) is `payload_len` bytes.
+pub fn record_len(kind: Kind, op: Op, payload_len: usize) -> usize {
+    kind.record_header_len(op) + kind.min_body_len(op) + payload_len
+}
+
+/// The largest payload a record of `kind` and `op` can carry in one datagram.
+pub fn max_payload(kind: Kind, op: Op) -> usize {
+    MAX_DATAGRAM - record_len(kind, op, 0)
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    const OPS: [Op; 6] = [
+        Op::Order,
+        Op::Subscribe,
+        Op::Publish1,
+        Op::Publish0,
+        Op::Deliver1,
+        Op::Deliver0,
+    ];
+    const KINDS: [Kind; 4] = [
+        Kind::Plain,
+        Kind::HpkeSession,
+        Kind::HpkePerRequest,
+        Kind::Link,
+    ];
 
     #[test]
     fn record_round_trip_and_packing() {
@@ -359,19 +539,28 @@ mod tests {
             .into_iter()
             .enumerate()
         {
-            let variant = vec![i as u8; kind.variant_len()];
-            let body_len = record_len(kind, 5) - kind.record_header_len();
-            put_record_header(&mut dg, kind, &[9; 8], 7, i as u64, &variant, body_len);
+            let variant = vec![i as u8; kind.variant_len(Op::Order)];
+            let body_len = record_len(kind, Op::Order, 5) - kind.record_header_len(Op::Order);
+            put_record_header(
+                &mut dg,
+                kind,
+                Op::Order,
+                &[9; 8],
+                7,
+                i as u64,
+                &variant,
+                body_len,
+            );
             dg.extend(std::iter::repeat_n(0xab, body_len));
         }
-        put_answer_header(&mut dg, Kind::HpkeSession, &[9; 8], 7, 3, 11);
+        put_answer_header(&mut dg, Kind::HpkeSession, Op::Order, &[9; 8], 7, 3, 11);
         dg.extend_from_slice(&[0; TAG_LEN]);
         let got: Vec<_> = frames(&dg).collect::<Result<_, _>>().unwrap();
         assert_eq!(got.len(), 4);
         match got[2] {
             Frame::Record(r) => assert_eq!(
-                (r.kind, r.seq, r.receiver_run()),
-                (Kind::Link, 2, Some(0x0202020202020202))
+                (r.kind, r.op, r.seq, r.receiver_run()),
+                (Kind::Link, Op::Order, 2, Some(0x0202020202020202))
             ),
             _ => panic!("expected a record"),
         }
@@ -382,39 +571,114 @@ mod tests {
     }
 
     #[test]
+    fn every_op_of_every_kind_round_trips() {
+        for kind in KINDS {
+            for op in OPS {
+                let mut variant = vec![0u8; kind.variant_len(op)];
+                for (i, b) in variant.iter_mut().enumerate() {
+                    *b = i as u8 + 1;
+                }
+                let len = record_len(kind, op, 3);
+                let mut dg = Vec::new();
+                let header = put_record_header(
+                    &mut dg,
+                    kind,
+                    op,
+                    &[5; 8],
+                    6,
+                    7,
+                    &variant,
+                    len - kind.record_header_len(op),
+                );
+                assert_eq!(header.len(), kind.record_header_len(op));
+                dg.resize(len, 0xcd);
+                if op.answered() {
+                    put_answer_header(&mut dg, kind, op, &[5; 8], 6, 7, 8);
+                    dg.resize(len + kind.answer_len(), 0);
+                }
+                let got: Vec<_> = frames(&dg).collect::<Result<_, _>>().unwrap();
+                let Frame::Record(r) = got[0] else {
+                    panic!("{kind:?} {op:?}: a record")
+                };
+                assert_eq!((r.kind, r.op, r.run, r.seq), (kind, op, 6, 7));
+                assert_eq!(r.body.len(), len - header.len());
+                let hpke = matches!(kind, Kind::HpkeSession | Kind::HpkePerRequest);
+                let enc_here = hpke && !(op.to_device() && kind == Kind::HpkeSession);
+                assert_eq!(r.enc().is_some(), enc_here, "{kind:?} {op:?}");
+                let rrun_here = kind == Kind::Link || op.to_device();
+                assert_eq!(r.receiver_run().is_some(), rrun_here, "{kind:?} {op:?}");
+                assert_eq!(got.len(), if op.answered() { 2 } else { 1 });
+                if let Some(Frame::Answer(a)) = got.get(1) {
+                    assert_eq!((a.op, a.receiver_run), (op, 8));
+                }
+            }
+        }
+    }
+
+    #[test]
+    fn answers_to_unanswered_ops_and_unknown_ops_are_unknown_kinds() {
+        for op in [Op::Publish0, Op::Deliver0] {
+            let mut dg = vec![0u8; ANSWER_HEADER_LEN + TAG_LEN];
+            dg[0] = VERSION;
+            dg[1] = kind_byte(Kind::Link, op, true);
+            assert_eq!(parse_frame(&dg).unwrap_err(), WireError::Kind(dg[1]));
+        }
+        for byte in [0x64, 0x74, 0xe4, 0xf4, 0x05, 0x10, 0x8f] {
+            let mut dg = vec![0u8; 200];
+            dg[0] = VERSION;
+            dg[1] = byte;
+            assert_eq!(parse_frame(&dg).unwrap_err(), WireError::Kind(byte));
+        }
+    }
+
+    #[test]
     fn malformed_frames_are_errors_not_panics() {
         assert_eq!(parse_frame(&[1, 2]).unwrap_err(), WireError::Truncated);
         let mut dg = Vec::new();
-        put_record_header(&mut dg, Kind::HpkeSession, &[0; 8], 1, 1, &[0; 32], 100);
+        put_record_header(
+            &mut dg,
+            Kind::HpkeSession,
+            Op::Order,
+            &[0; 8],
+            1,
+            1,
+            &[0; 32],
+            100,
+        );
         assert_eq!(parse_frame(&dg).unwrap_err(), WireError::Truncated);
         dg[0] = 9;
         assert_eq!(parse_frame(&dg).unwrap_err(), WireError::Version(9));
         dg[0] = 1;
-        dg[1] = 0x17;
-        assert_eq!(parse_frame(&dg).unwrap_err(), WireError::Kind(0x17));
-        // The 29-byte plain record whose one-byte body is shorter than its made time.
-        for kind in [
-            Kind::Plain,
-            Kind::HpkeSession,
-            Kind::HpkePerRequest,
-            Kind::Link,
-        ] {
-            let mut dg = Vec::new();
-            let variant = vec![0; kind.variant_len()];
-            put_record_header(&mut dg, kind, &[0; 8], 1, 1, &variant, 1);
-            dg.push(0);
-            assert_eq!(
-                parse_frame(&dg).unwrap_err(),
-                WireError::ShortBody,
-                "{kind:?}"
-            );
+        dg[1] = 0x07;
+        assert_eq!(parse_frame(&dg).unwrap_err(), WireError::Kind(0x07));
+        // A body one byte shorter than its op's fixed fields (and tag), for every kind and op.
+        for kind in KINDS {
+            for op in OPS {
+                let mut dg = Vec::new();
+                let variant = vec![0; kind.variant_len(op)];
+                let short = kind.min_body_len(op) - 1;
+                put_record_header(&mut dg, kind, op, &[0; 8], 1, 1, &variant, short);
+                dg.resize(dg.len() + short, 0);
+                assert_eq!(
+                    parse_frame(&dg).unwrap_err(),
+                    WireError::ShortBody,
+                    "{kind:?} {op:?}"
+                );
+            }
         }
     }
 
     #[test]
     fn random_bytes_never_panic() {
         let mut x: u64 = 0x9e37_79b9_7f4a_7c15;
-        for len in 0..2000usize {
+        let kinds: Vec<u8> = KINDS
+            .iter()
+            .flat_map(|&k| {
+                OPS.iter()
+                    .flat_map(move |&o| [kind_byte(k, o, false), kind_byte(k, o, true)])
+            })
+            .collect();
+        for len in 0..4000usize {
             let buf: Vec<u8> = (0..len % 300)
                 .map(|_| {
                     x ^= x << 13;
@@ -426,7 +690,7 @@ mod tests {
             let mut b = buf.clone();
             if b.len() > 2 {
                 b[0] = VERSION;
-                b[1] = [1, 2, 3, 4, 0x81, 0x82, 0x84][len % 7];
+                b[1] = kinds[len % kinds.len()];
             }
             for f in frames(&b) {
                 let _ = f;

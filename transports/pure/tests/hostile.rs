@@ -7,13 +7,15 @@ use rand::{Rng, SeedableRng};
 use std::net::SocketAddr;
 use std::sync::Arc;
 use std::time::Instant;
-use transport_core::{Counters, Order, OrderId};
-use transport_pure::crypto::{check_public, link_secret, LowOrderKey, NodeKey, WireKeys};
+use transport_core::{Counters, Order, OrderId, QoS};
+use transport_pure::crypto::{
+    check_public, link_secret, put_record, LowOrderKey, NodeKey, WireKeys,
+};
 use transport_pure::sender::{Sender, SenderEvent};
-use transport_pure::wire::{self, KeyId, Kind, MADE_LEN, MAX_DATAGRAM, TAG_LEN};
+use transport_pure::wire::{self, KeyId, Kind, Op, MADE_LEN, MAX_DATAGRAM, TAG_LEN};
 
 mod common;
-use common::Keys;
+use common::{Keys, Net, CHANNEL};
 
 const ALL: [Kind; 4] = [
     Kind::Plain,
@@ -53,18 +55,16 @@ fn seal(
     variant: &[u8],
     payload: &[u8],
 ) -> Vec<u8> {
-    let len = wire::record_len(kind, payload.len());
-    let mut out = Vec::with_capacity(len);
-    let header = wire::put_record_header(
-        &mut out,
+    let mut out = Vec::new();
+    let head = wire::Head {
         kind,
+        op: Op::Order,
         key_id,
         run,
-        seq,
+        number: seq,
         variant,
-        len - kind.record_header_len(),
-    );
-    keys.seal_record(seq, header, seq, payload, &mut out);
+    };
+    put_record(&mut out, &head, Some(keys), &seq.to_be_bytes(), payload);
     out
 }
 
@@ -86,7 +86,7 @@ fn an_hpke_session_opens_only_for_the_sender_that_set_it_up() {
         &enc,
         b"mine",
     );
-    r.handle(from(), &honest);
+    r.handle(Instant::now(), from(), &honest);
     let (orders, _) = r.take_deliveries();
     assert_eq!(orders.len(), 1);
     assert_eq!(
@@ -104,7 +104,7 @@ fn an_hpke_session_opens_only_for_the_sender_that_set_it_up() {
             &enc,
             b"an order the victim never made",
         );
-        r.handle(from(), &forged);
+        r.handle(Instant::now(), from(), &forged);
     }
     let (orders, replies) = r.take_deliveries();
     assert!(
@@ -120,7 +120,11 @@ fn an_hpke_session_opens_only_for_the_sender_that_set_it_up() {
     );
     // The victim's own session still opens, under its own name.
     let mut device = keys.sender(Kind::HpkeSession, 0, 3, &Arc::new(Counters::default()));
-    r.handle(from(), &sealed_by(&mut device, order(0, 5, 0, 16)));
+    r.handle(
+        Instant::now(),
+        from(),
+        &sealed_by(&mut device, order(0, 5, 0, 16)),
+    );
     let (orders, _) = r.take_deliveries();
     assert_eq!(orders.iter().map(|o| o.id.sender).collect::<Vec<_>>(), [0]);
 }
@@ -138,19 +142,19 @@ fn a_forger_copying_a_devices_enc_cannot_take_its_session_or_shut_it_out() {
     let attacker = keys.devices[1].key_id();
     let mut forged = first.clone();
     forged[2..10].copy_from_slice(&attacker);
-    r.handle(from(), &forged);
-    r.handle(from(), &forged);
+    r.handle(Instant::now(), from(), &forged);
+    r.handle(Instant::now(), from(), &forged);
     assert!(r.take_deliveries().0.is_empty());
     let c = counters.snapshot();
     assert_eq!(c.refused_forged, 2);
     assert_eq!(c.x25519, 2, "the repeated forgery costs no X25519");
     // The device's own record with that enc still opens: what was remembered is the forger's setup, not a
     // verdict on the enc.
-    r.handle(from(), &first);
+    r.handle(Instant::now(), from(), &first);
     assert_eq!(r.take_deliveries().0.len(), 1);
     assert_eq!(counters.snapshot().x25519, 4);
     // And once the session is the device's, the forger's copy is refused without any setup.
-    r.handle(from(), &forged);
+    r.handle(Instant::now(), from(), &forged);
     assert!(r.take_deliveries().0.is_empty());
     assert_eq!(counters.snapshot().refused_forged, 3);
     assert_eq!(counters.snapshot().x25519, 4);
@@ -174,7 +178,7 @@ fn every_record_and_answer_cut_at_every_length_is_malformed_never_a_panic() {
             let (mut device, d) = record_of(kind, &keys, payload_len, 0);
             for len in 0..d.len() {
                 let before = counters.snapshot();
-                r.handle(from(), &d[..len]);
+                r.handle(Instant::now(), from(), &d[..len]);
                 let c = counters.snapshot().since(&before);
                 assert_eq!(
                     (c.refused_malformed, c.refused()),
@@ -185,13 +189,13 @@ fn every_record_and_answer_cut_at_every_length_is_malformed_never_a_panic() {
                 assert!(r.take_deliveries().0.is_empty());
             }
             // Whole, it opens; and its answer, cut at every length, is malformed at the device.
-            r.handle(from(), &d);
+            r.handle(Instant::now(), from(), &d);
             let (orders, replies) = r.take_deliveries();
             assert_eq!(orders.len(), 1, "{kind:?}");
             assert_eq!(orders[0].payload.len(), payload_len);
             r.answer(&replies[0]);
             let mut answer = Vec::new();
-            r.poll_transmit(&mut answer).unwrap();
+            r.poll_transmit(Instant::now(), &mut answer).unwrap();
             let device_counters = Arc::new(Counters::default());
             for len in 0..answer.len() {
                 let mut cut = keys.sender(kind, 0, 7, &device_counters);
@@ -205,6 +209,102 @@ fn every_record_and_answer_cut_at_every_length_is_malformed_never_a_panic() {
     }
 }
 
+/// `d` cut at every length, sent to the receiver: each a malformed datagram, refused whole, nothing answered.
+fn cut_at_every_length_is_malformed(net: &mut Net, from: SocketAddr, d: &[u8], what: &str) {
+    for len in 0..d.len() {
+        let before = net.counters.snapshot();
+        net.receiver.handle(net.now, from, &d[..len]);
+        let c = net.counters.snapshot().since(&before);
+        assert_eq!(
+            (c.refused_malformed, c.refused()),
+            (1, 1),
+            "{what} cut at {len} of {}",
+            d.len()
+        );
+        assert!(!net.receiver.has_output(), "{what} cut at {len}: answered");
+    }
+}
+
+/// `d` cut at every length, given to device `i`: nothing reported.
+fn cut_reports_nothing(net: &mut Net, i: usize, d: &[u8], what: &str) {
+    for len in 0..d.len() {
+        net.devices[i].handle(net.now, &d[..len]);
+        assert_eq!(net.devices[i].poll_event(), None, "{what} cut at {len}");
+    }
+}
+
+#[test]
+fn every_subscribe_publish_delivery_and_answer_cut_at_every_length_is_malformed_never_a_panic() {
+    for kind in ALL {
+        let mut rng = StdRng::seed_from_u64(40);
+        let keys = Keys::new(2, &mut rng);
+        let mut net = Net::new(&keys, kind, 2);
+        let what = |w: &str| format!("{kind:?} {w}");
+        // A subscribe that the receiver takes whole.
+        let subscribe = net.subscribe(0, QoS::AtLeastOnce);
+        cut_at_every_length_is_malformed(&mut net, Net::addr(0), &subscribe, &what("subscribe"));
+        // Device 1 learns the receiver's run, then publishes at each QoS.
+        let payload = transport_pure::client::payload(9, 8);
+        net.devices[1]
+            .publish(net.now, CHANNEL, 9, QoS::AtLeastOnce, payload)
+            .unwrap();
+        net.pump();
+        for (id, qos) in [(10, QoS::AtLeastOnce), (11, QoS::AtMostOnce)] {
+            let publish = net.publish_only(1, id, qos);
+            cut_at_every_length_is_malformed(&mut net, Net::addr(1), &publish, &what("publish"));
+            net.receiver.handle(net.now, Net::addr(1), &publish);
+            let out = net.receiver_output();
+            if qos == QoS::AtLeastOnce {
+                let answer = &out.iter().find(|(to, _)| *to == Some(1)).unwrap().1;
+                cut_reports_nothing(&mut net, 1, answer, &what("publish answer"));
+                net.devices[1].handle(net.now, answer);
+                assert_eq!(net.devices[1].poll_event(), Some(SenderEvent::Accepted(id)));
+            }
+            let delivery = out.iter().find(|(to, _)| *to == Some(0)).unwrap().1.clone();
+            cut_reports_nothing(&mut net, 0, &delivery, &what("delivery"));
+            net.devices[0].handle(net.now, &delivery);
+            assert_eq!(
+                net.devices[0].poll_event(),
+                Some(SenderEvent::Delivered {
+                    channel: CHANNEL,
+                    id
+                }),
+                "{kind:?}: whole, it is delivered"
+            );
+            if qos == QoS::AtLeastOnce {
+                let mut answer = Vec::new();
+                assert!(net.devices[0].poll_transmit(net.now, &mut answer));
+                cut_at_every_length_is_malformed(
+                    &mut net,
+                    Net::addr(0),
+                    &answer,
+                    &what("delivery answer"),
+                );
+                assert_eq!(net.receiver.relay().held(), 1);
+                net.receiver.handle(net.now, Net::addr(0), &answer);
+                assert_eq!(
+                    net.receiver.relay().held(),
+                    0,
+                    "{kind:?}: whole, it is taken"
+                );
+            }
+        }
+        // The answer to a subscribe, cut, at a device subscribing again.
+        net.devices[0].subscribe(net.now, CHANNEL + 1, QoS::AtMostOnce);
+        let mut sub = Vec::new();
+        assert!(net.devices[0].poll_transmit(net.now, &mut sub));
+        net.receiver.handle(net.now, Net::addr(0), &sub);
+        let answer = net.receiver_output().remove(0).1;
+        cut_reports_nothing(&mut net, 0, &answer, &what("subscribe answer"));
+        net.devices[0].handle(net.now, &answer);
+        assert_eq!(
+            net.devices[0].poll_event(),
+            Some(SenderEvent::Subscribed(CHANNEL + 1))
+        );
+        assert_eq!(net.counters.snapshot().refused_forged, 0);
+    }
+}
+
 #[test]
 fn every_length_a_record_can_claim_is_checked_before_use() {
     for kind in ALL {
@@ -213,7 +313,7 @@ fn every_length_a_record_can_claim_is_checked_before_use() {
         let counters = Arc::new(Counters::default());
         let mut r = keys.receiver(kind, 1, 16, &counters);
         let (_, d) = record_of(kind, &keys, 64, 0);
-        let header_len = kind.record_header_len();
+        let header_len = kind.record_header_len(Op::Order);
         let body_len = d.len() - header_len;
         let min_body = MADE_LEN + if kind.sealed() { TAG_LEN } else { 0 };
         let claims = (0..=min_body + 1)
@@ -226,7 +326,7 @@ fn every_length_a_record_can_claim_is_checked_before_use() {
                 let mut x = d[..end].to_vec();
                 x[header_len - 2..header_len].copy_from_slice(&(claimed as u16).to_be_bytes());
                 let before = counters.snapshot();
-                r.handle(from(), &x);
+                r.handle(Instant::now(), from(), &x);
                 let c = counters.snapshot().since(&before);
                 let orders = r.take_deliveries().0;
                 let what = format!("{kind:?} claims {claimed}, ends at {end}: {c:?}");
@@ -259,10 +359,58 @@ fn every_length_a_record_can_claim_is_checked_before_use() {
                     continue;
                 }
                 x[at] = v;
-                r.handle(from(), &x);
+                r.handle(Instant::now(), from(), &x);
                 let orders = r.take_deliveries().0;
                 if kind.sealed() {
                     assert!(orders.is_empty(), "{kind:?}: byte {at} set to {v:#x}");
+                }
+            }
+        }
+    }
+}
+
+#[test]
+fn every_length_a_subscribe_or_publish_can_claim_is_checked_before_use() {
+    for kind in ALL {
+        let mut rng = StdRng::seed_from_u64(41);
+        let keys = Keys::new(2, &mut rng);
+        let mut net = Net::new(&keys, kind, 2);
+        let subscribe = net.subscribe(0, QoS::AtLeastOnce);
+        let payload = transport_pure::client::payload(9, 8);
+        net.devices[1]
+            .publish(net.now, CHANNEL, 9, QoS::AtLeastOnce, payload)
+            .unwrap();
+        net.pump();
+        let publish1 = net.publish_only(1, 20, QoS::AtLeastOnce);
+        let publish0 = net.publish_only(1, 21, QoS::AtMostOnce);
+        for (d, op, from) in [
+            (subscribe, Op::Subscribe, 0),
+            (publish1, Op::Publish1, 1),
+            (publish0, Op::Publish0, 1),
+        ] {
+            let header_len = kind.record_header_len(op);
+            let body_len = d.len() - header_len;
+            let min_body = kind.min_body_len(op);
+            let claims = (0..=min_body + 1)
+                .chain([body_len - 1, body_len, body_len + 1])
+                .chain([0x7fff, 0xfffe, 0xffff]);
+            for claimed in claims {
+                for end in [header_len + claimed.min(body_len), d.len()] {
+                    let mut x = d[..end].to_vec();
+                    x[header_len - 2..header_len].copy_from_slice(&(claimed as u16).to_be_bytes());
+                    let before = net.counters.snapshot();
+                    net.receiver.handle(net.now, Net::addr(from), &x);
+                    let _ = net.receiver_output();
+                    let c = net.counters.snapshot().since(&before);
+                    let what = format!("{kind:?} {op:?} claims {claimed}, ends at {end}: {c:?}");
+                    let whole = claimed >= min_body && header_len + claimed <= end;
+                    if !whole {
+                        assert_eq!((c.refused_malformed, c.refused()), (1, 1), "{what}");
+                    } else if kind.sealed() && claimed != body_len {
+                        assert_eq!(c.refused_forged, 1, "{what}");
+                    } else if claimed == body_len && end == d.len() {
+                        assert_eq!(c.refused(), 0, "{what}: the original is taken");
+                    }
                 }
             }
         }
@@ -280,13 +428,13 @@ fn a_datagram_over_the_maximum_is_refused_whole_unread() {
         // The same record repeated up to the maximum is taken (a replay, each copy answered)...
         let fit = MAX_DATAGRAM / d.len();
         let full: Vec<u8> = d.repeat(fit);
-        r.handle(from(), &full);
+        r.handle(Instant::now(), from(), &full);
         assert_eq!(r.take_deliveries().0.len(), fit, "{kind:?}");
         // ... one byte more and the datagram is refused before any of it is read.
         let mut over = full.clone();
         over.resize(MAX_DATAGRAM + 1, 0);
         let before = counters.snapshot();
-        r.handle(from(), &over);
+        r.handle(Instant::now(), from(), &over);
         let c = counters.snapshot().since(&before);
         assert!(r.take_deliveries().0.is_empty());
         assert_eq!(
@@ -294,11 +442,11 @@ fn a_datagram_over_the_maximum_is_refused_whole_unread() {
             (1, 0, 0, 1)
         );
         let huge = d.repeat(65_000 / d.len());
-        r.handle(from(), &huge);
+        r.handle(Instant::now(), from(), &huge);
         assert!(r.take_deliveries().0.is_empty());
         assert_eq!(counters.snapshot().since(&before).refused_oversized, 2);
         // An empty datagram is malformed.
-        r.handle(from(), &[]);
+        r.handle(Instant::now(), from(), &[]);
         assert_eq!(counters.snapshot().since(&before).refused_malformed, 1);
     }
 }
@@ -319,7 +467,7 @@ fn forged_setups_cost_one_setup_per_datagram_and_none_when_repeated() {
             let key_id = keys.devices[records % 4].key_id();
             let body: Vec<u8> = (0..MADE_LEN + 8 + TAG_LEN).map(|_| rng.random()).collect();
             let mut frame = Vec::new();
-            wire::put_record_header(&mut frame, kind, &key_id, 3, 0, &enc, body.len());
+            wire::put_record_header(&mut frame, kind, Op::Order, &key_id, 3, 0, &enc, body.len());
             frame.extend_from_slice(&body);
             if datagram.len() + frame.len() > MAX_DATAGRAM {
                 break;
@@ -328,7 +476,7 @@ fn forged_setups_cost_one_setup_per_datagram_and_none_when_repeated() {
             records += 1;
         }
         assert!(records >= 10, "{records} records fit");
-        r.handle(from(), &datagram);
+        r.handle(Instant::now(), from(), &datagram);
         let c = counters.snapshot();
         assert!(r.take_deliveries().0.is_empty());
         assert_eq!(
@@ -340,13 +488,13 @@ fn forged_setups_cost_one_setup_per_datagram_and_none_when_repeated() {
             "{kind:?}: the first failed setup ends the datagram's setups"
         );
         // The same forgery again costs no X25519 at all.
-        r.handle(from(), &datagram);
+        r.handle(Instant::now(), from(), &datagram);
         let c = counters.snapshot();
         assert_eq!(c.refused_forged, 2 * records as u64);
         assert_eq!(c.x25519, 2, "{kind:?}: a failed enc is remembered");
         // Honest records of a device still open meanwhile.
         let (_, d) = record_of(kind, &keys, 64, 0);
-        r.handle(from(), &d);
+        r.handle(Instant::now(), from(), &d);
         assert_eq!(r.take_deliveries().0.len(), 1);
     }
 }
@@ -431,8 +579,8 @@ fn an_enc_of_small_order_is_refused_before_any_x25519() {
         for point in low_order_points() {
             let mut x = d.clone();
             x[enc_at..enc_at + 32].copy_from_slice(&point);
-            r.handle(from(), &x);
-            r.handle(from(), &x);
+            r.handle(Instant::now(), from(), &x);
+            r.handle(Instant::now(), from(), &x);
         }
         assert!(r.take_deliveries().0.is_empty());
         let c = counters.snapshot();
@@ -454,17 +602,21 @@ fn the_keys_a_receiver_keeps_are_bounded_and_an_evicted_wire_only_costs_recomput
             &mut keys.sender(kind, 0, 1, &device_counters),
             order(0, 1, 0, 8),
         );
-        r.handle(from(), &first);
+        r.handle(Instant::now(), from(), &first);
         assert_eq!(r.take_deliveries().0.len(), 1);
         for run in 2..300 {
             let mut device = keys.sender(kind, 0, run, &device_counters);
-            r.handle(from(), &sealed_by(&mut device, order(0, run, 0, 8)));
+            r.handle(
+                Instant::now(),
+                from(),
+                &sealed_by(&mut device, order(0, run, 0, 8)),
+            );
             assert_eq!(r.take_deliveries().0.len(), 1, "{kind:?} run {run}");
             assert!(r.cached_wires() <= 16, "{kind:?}: {}", r.cached_wires());
         }
         // The first run comes back after it was forgotten: it opens again, for one derivation.
         let before = counters.snapshot();
-        r.handle(from(), &first);
+        r.handle(Instant::now(), from(), &first);
         assert_eq!(r.take_deliveries().0.len(), 1);
         let c = counters.snapshot().since(&before);
         assert_eq!(c.key_derivations, 1, "{kind:?}");

@@ -1,6 +1,6 @@
 //! Deterministic tests of the Pure protocol cores: a receiver and several senders in one process, a virtual clock,
-//! a network with latency and seeded loss, and an in-memory stand-in for the store (the real store is tested in
-//! transport-core and end to end in the runner's tests).
+//! a network with latency, seeded loss and duplication, and an in-memory stand-in for the store (the real store is
+//! tested in transport-store and end to end in the runner's tests). Orders first, then publish/subscribe.
 
 use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
@@ -8,7 +8,7 @@ use std::collections::{HashMap, HashSet};
 use std::net::SocketAddr;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
-use transport_core::{Counters, Order, OrderId};
+use transport_core::{Counters, Order, OrderId, QoS};
 use transport_pure::crypto::NodeKey;
 use transport_pure::receiver::Receiver;
 use transport_pure::sender::{Sender, SenderConfig, SenderEvent};
@@ -26,6 +26,8 @@ struct Pair {
     now: Instant,
     latency: Duration,
     loss: f64,
+    /// The chance that a datagram arrives twice.
+    dup: f64,
     rng: StdRng,
     kind: Kind,
     keys: Keys,
@@ -37,6 +39,8 @@ struct Pair {
     network: Vec<(Instant, bool, usize, Vec<u8>)>,
     applied: HashSet<OrderId>,
     stored_events: Vec<OrderId>,
+    /// Every other event, with the device that reported it.
+    events: Vec<(usize, SenderEvent)>,
     /// Every datagram a sender sent, for inspection.
     sent: Vec<(usize, Vec<u8>)>,
 }
@@ -55,6 +59,7 @@ impl Pair {
             now: Instant::now(),
             latency: Duration::from_millis(5),
             loss,
+            dup: 0.0,
             rng,
             kind,
             keys,
@@ -65,6 +70,7 @@ impl Pair {
             network: Vec::new(),
             applied: HashSet::new(),
             stored_events: Vec::new(),
+            events: Vec::new(),
             sent: Vec::new(),
         }
     }
@@ -96,6 +102,22 @@ impl Pair {
         self.loss > 0.0 && self.rng.random_bool(self.loss)
     }
 
+    /// Put a datagram on the network: lost, or arriving once or (duplicated) twice.
+    fn transmit(&mut self, to_receiver: bool, i: usize, bytes: &[u8]) {
+        if self.lose() {
+            return;
+        }
+        let copies = if self.dup > 0.0 && self.rng.random_bool(self.dup) {
+            2
+        } else {
+            1
+        };
+        for _ in 0..copies {
+            self.network
+                .push((self.now + self.latency, to_receiver, i, bytes.to_vec()));
+        }
+    }
+
     /// Move everything that can move at `now`: timers, datagrams that are due, the receiver's answers, and then
     /// whatever the senders have to send.
     fn step(&mut self) {
@@ -103,16 +125,22 @@ impl Pair {
         for s in &mut self.senders {
             s.handle_timeout(self.now);
         }
+        self.receiver.handle_timeout(self.now);
         let now = self.now;
         let (due, later): (Vec<_>, Vec<_>) = self.network.drain(..).partition(|(t, ..)| *t <= now);
         self.network = later;
         for (_, to_receiver, i, bytes) in due {
             if to_receiver {
-                self.receiver.handle(addr(i), &bytes);
+                self.receiver.handle(self.now, addr(i), &bytes);
             } else {
                 self.senders[i].handle(self.now, &bytes);
-                while let Some(SenderEvent::Stored(id)) = self.senders[i].poll_event() {
-                    self.stored_events.push(id);
+            }
+        }
+        for i in 0..self.senders.len() {
+            while let Some(e) = self.senders[i].poll_event() {
+                match e {
+                    SenderEvent::Stored(id) => self.stored_events.push(id),
+                    e => self.events.push((i, e)),
                 }
             }
         }
@@ -124,33 +152,53 @@ impl Pair {
         }
         let by_addr: HashMap<SocketAddr, usize> =
             (0..self.senders.len()).map(|i| (addr(i), i)).collect();
-        while let Some(to) = self.receiver.poll_transmit(&mut buf) {
-            if !self.lose() {
-                self.network
-                    .push((self.now + self.latency, false, by_addr[&to], buf.clone()));
-            }
+        while let Some(to) = self.receiver.poll_transmit(self.now, &mut buf) {
+            self.transmit(false, by_addr[&to], &buf.clone());
         }
         for i in 0..self.senders.len() {
             while self.senders[i].poll_transmit(self.now, &mut buf) {
                 self.sent.push((i, buf.clone()));
-                if !self.lose() {
-                    self.network
-                        .push((self.now + self.latency, true, i, buf.clone()));
-                }
+                self.transmit(true, i, &buf.clone());
+            }
+            // QoS 0 publishes are accepted as they leave.
+            while let Some(e) = self.senders[i].poll_event() {
+                self.events.push((i, e));
             }
         }
     }
 
+    /// Whether nothing is left to do: no frame unanswered, none on the network, nothing held by the relay.
+    fn idle(&self) -> bool {
+        self.senders.iter().all(|s| s.pending() == 0)
+            && self.network.is_empty()
+            && self.receiver.relay().held() == 0
+            && !self.receiver.has_output()
+    }
+
     /// Run until nothing is pending or `limit` of virtual time passed.
     fn drive(&mut self, limit: Duration) {
+        self.run(limit, true);
+    }
+
+    /// Run for `d` of virtual time, whatever happens.
+    fn run_for(&mut self, d: Duration) {
+        self.run(d, false);
+    }
+
+    fn run(&mut self, limit: Duration, until_idle: bool) {
         let end = self.now + limit;
         while self.now < end {
             self.step();
-            if self.senders.iter().all(|s| s.pending() == 0) && self.network.is_empty() {
+            if until_idle && self.idle() {
                 return;
             }
             let next_net = self.network.iter().map(|(t, ..)| *t).min();
-            let next_timer = self.senders.iter().filter_map(|s| s.poll_timeout()).min();
+            let next_timer = self
+                .senders
+                .iter()
+                .filter_map(|s| s.poll_timeout())
+                .chain(self.receiver.poll_timeout())
+                .min();
             let next = [next_net, next_timer]
                 .into_iter()
                 .flatten()
@@ -249,23 +297,23 @@ fn a_changed_number_or_sender_does_not_open() {
 
         let mut changed_seq = good.clone();
         changed_seq[seq_at + 7] ^= 1;
-        p.receiver.handle(addr(0), &changed_seq);
+        p.receiver.handle(p.now, addr(0), &changed_seq);
 
         let mut other_sender = good.clone();
         let other = wire::key_id(&p.keys.allow.senders()[1].public);
         other_sender[key_at..key_at + 8].copy_from_slice(&other);
-        p.receiver.handle(addr(0), &other_sender);
+        p.receiver.handle(p.now, addr(0), &other_sender);
 
         let mut tampered = good.clone();
         let last = tampered.len() - 1;
         tampered[last] ^= 0x80;
-        p.receiver.handle(addr(0), &tampered);
+        p.receiver.handle(p.now, addr(0), &tampered);
 
         let (orders, _) = p.receiver.take_deliveries();
         assert!(orders.is_empty(), "{kind:?}: nothing opened");
         assert_eq!(p.receiver_counters.snapshot().refused_forged, 3, "{kind:?}");
 
-        p.receiver.handle(addr(0), &good);
+        p.receiver.handle(p.now, addr(0), &good);
         assert_eq!(
             p.receiver.take_deliveries().0.len(),
             1,
@@ -278,11 +326,11 @@ fn a_changed_number_or_sender_does_not_open() {
 fn a_restarted_receiver_opens_the_same_session_again() {
     let mut p = Pair::new(Kind::HpkeSession, 1, 0.0, 4);
     let first = one_record(&mut p, 0);
-    p.receiver.handle(addr(0), &first);
+    p.receiver.handle(p.now, addr(0), &first);
     assert_eq!(p.receiver.take_deliveries().0.len(), 1);
     p.restart_receiver(2);
     let second = one_record(&mut p, 1);
-    p.receiver.handle(addr(0), &second);
+    p.receiver.handle(p.now, addr(0), &second);
     let (orders, replies) = p.receiver.take_deliveries();
     assert_eq!(
         orders.len(),
@@ -293,7 +341,7 @@ fn a_restarted_receiver_opens_the_same_session_again() {
     // The answer carries the new run and the device accepts it.
     p.receiver.answer(&replies[0]);
     let mut buf = Vec::new();
-    p.receiver.poll_transmit(&mut buf).unwrap();
+    p.receiver.poll_transmit(p.now, &mut buf).unwrap();
     p.senders[0].handle(p.now, &buf);
     assert_eq!(
         p.senders[0].poll_event(),
@@ -323,7 +371,7 @@ fn another_node_claiming_a_senders_name_is_refused() {
         assert!(impostor.poll_transmit(p.now, &mut buf));
         let own = impostor.key_id();
         // Unknown key id as it is: refused as unknown.
-        p.receiver.handle(addr(0), &buf);
+        p.receiver.handle(p.now, addr(0), &buf);
         // Claiming the victim's name: refused as forged.
         let mut claimed = buf.clone();
         let mut at = 0;
@@ -333,7 +381,7 @@ fn another_node_claiming_a_senders_name_is_refused() {
             claimed[at + 2..at + 10].copy_from_slice(&victim);
             at += used;
         }
-        p.receiver.handle(addr(0), &claimed);
+        p.receiver.handle(p.now, addr(0), &claimed);
         assert!(
             p.receiver.take_deliveries().0.is_empty(),
             "{kind:?}: nothing applied"
@@ -397,11 +445,11 @@ fn a_link_device_continues_across_a_receiver_restart_without_a_handshake() {
 fn a_forged_answer_is_refused_and_the_record_stays_in_flight() {
     let mut p = Pair::new(Kind::HpkeSession, 1, 0.0, 9);
     let rec = one_record(&mut p, 0);
-    p.receiver.handle(addr(0), &rec);
+    p.receiver.handle(p.now, addr(0), &rec);
     let (_, replies) = p.receiver.take_deliveries();
     p.receiver.answer(&replies[0]);
     let mut ans = Vec::new();
-    p.receiver.poll_transmit(&mut ans).unwrap();
+    p.receiver.poll_transmit(p.now, &mut ans).unwrap();
     let mut forged = ans.clone();
     let last = forged.len() - 1;
     forged[last] ^= 1;
@@ -421,8 +469,8 @@ fn a_forged_answer_is_refused_and_the_record_stays_in_flight() {
 fn a_replayed_record_is_answered_but_the_store_sees_the_same_id() {
     let mut p = Pair::new(Kind::Link, 1, 0.0, 10);
     let rec = one_record(&mut p, 0);
-    p.receiver.handle(addr(0), &rec);
-    p.receiver.handle(addr(0), &rec);
+    p.receiver.handle(p.now, addr(0), &rec);
+    p.receiver.handle(p.now, addr(0), &rec);
     let (orders, replies) = p.receiver.take_deliveries();
     // Both copies open (the receiver keeps no per-record state); the store applies the id once.
     assert_eq!(orders.len(), 2);
@@ -439,7 +487,7 @@ fn window_limits_records_in_flight_and_the_backlog_follows_answers() {
     let start = p.now;
     p.step();
     let in_flight: usize = p.network.iter().map(|(_, _, _, b)| records(b).len()).sum();
-    assert_eq!(in_flight, SenderConfig::new(Kind::Plain).window);
+    assert_eq!(in_flight, SenderConfig::new(Kind::Plain).flow.window);
     p.drive(Duration::from_secs(30));
     assert_eq!(p.applied.len(), 1000);
     assert_eq!(
@@ -483,7 +531,7 @@ fn random_and_mutated_datagrams_never_panic_and_never_deliver() {
                     d.truncate(rng.random_range(0..d.len()));
                 }
             }
-            p.receiver.handle(addr(0), &d);
+            p.receiver.handle(p.now, addr(0), &d);
             p.senders[0].handle(p.now, &d);
         }
         let (orders, _) = p.receiver.take_deliveries();
@@ -501,6 +549,259 @@ fn random_and_mutated_datagrams_never_panic_and_never_deliver() {
                 p.senders[0].poll_event(),
                 None,
                 "{kind:?}: no answer was forged from noise"
+            );
+        }
+    }
+}
+
+// Publish/subscribe. Device 0 publishes on channel 7; the others subscribe.
+
+const CHANNEL: u32 = 7;
+const ALL: [Kind; 4] = [
+    Kind::Plain,
+    Kind::HpkeSession,
+    Kind::HpkePerRequest,
+    Kind::Link,
+];
+
+impl Pair {
+    /// Subscribe devices `1..` to the channel and run until every subscription is answered.
+    fn subscribe_all(&mut self, qos: QoS) {
+        for i in 1..self.senders.len() {
+            self.senders[i].subscribe(self.now, CHANNEL, qos);
+        }
+        self.drive(Duration::from_secs(30));
+        for i in 1..self.senders.len() {
+            assert!(
+                self.events
+                    .iter()
+                    .any(|(d, e)| *d == i && *e == SenderEvent::Subscribed(CHANNEL)),
+                "{:?}: device {i} subscribed",
+                self.kind
+            );
+        }
+        assert_eq!(self.receiver.relay().subscribers(), self.senders.len() - 1);
+    }
+
+    fn publish(&mut self, ids: std::ops::Range<u64>, qos: QoS) {
+        for id in ids {
+            let payload = transport_pure::client::payload(id, 64);
+            self.senders[0]
+                .publish(self.now, CHANNEL, id, qos, payload)
+                .unwrap();
+        }
+    }
+
+    /// The message ids device `i` reported delivered, in order of report.
+    fn delivered(&self, i: usize) -> Vec<u64> {
+        self.events
+            .iter()
+            .filter_map(|(d, e)| match e {
+                SenderEvent::Delivered { channel, id } if *d == i => {
+                    assert_eq!(*channel, CHANNEL);
+                    Some(*id)
+                }
+                _ => None,
+            })
+            .collect()
+    }
+
+    fn accepted(&self, i: usize) -> Vec<u64> {
+        self.events
+            .iter()
+            .filter_map(|(d, e)| match e {
+                SenderEvent::Accepted(id) if *d == i => Some(*id),
+                _ => None,
+            })
+            .collect()
+    }
+}
+
+fn sorted(mut v: Vec<u64>) -> Vec<u64> {
+    v.sort_unstable();
+    v
+}
+
+#[test]
+fn qos1_every_message_reaches_every_subscriber_exactly_once_under_loss() {
+    for kind in ALL {
+        let mut p = Pair::new(kind, 4, 0.2, 31);
+        p.dup = 0.05;
+        p.subscribe_all(QoS::AtLeastOnce);
+        p.publish(0..200, QoS::AtLeastOnce);
+        p.drive(Duration::from_secs(300));
+        assert!(p.idle(), "{kind:?}: everything answered");
+        assert_eq!(
+            sorted(p.accepted(0)),
+            (0..200).collect::<Vec<_>>(),
+            "{kind:?}: each publish accepted once"
+        );
+        for i in 1..4 {
+            assert_eq!(
+                sorted(p.delivered(i)),
+                (0..200).collect::<Vec<_>>(),
+                "{kind:?}: subscriber {i} got each message exactly once"
+            );
+        }
+        let (r, s) = (p.receiver_counters.snapshot(), p.sender_counters.snapshot());
+        assert!(
+            r.resent_timeout > 0,
+            "{kind:?}: the relay re-sent deliveries"
+        );
+        assert!(s.resent_timeout > 0, "{kind:?}: the publisher re-sent");
+        assert_eq!((r.refused(), r.dropped), (0, 0), "{kind:?}: {r:?}");
+        assert_eq!(s.refused(), 0, "{kind:?}: {s:?}");
+    }
+}
+
+#[test]
+fn qos0_delivers_each_message_at_most_once_and_never_resends() {
+    for kind in ALL {
+        let mut p = Pair::new(kind, 4, 0.2, 32);
+        p.subscribe_all(QoS::AtMostOnce);
+        // Duplicated datagrams from here on: a device must not report a delivery twice.
+        p.dup = 0.2;
+        let before = p.receiver_counters.snapshot();
+        p.publish(0..200, QoS::AtMostOnce);
+        p.drive(Duration::from_secs(30));
+        assert_eq!(
+            sorted(p.accepted(0)),
+            (0..200).collect::<Vec<_>>(),
+            "{kind:?}: accepted as sent"
+        );
+        let mut total = 0;
+        for i in 1..4 {
+            let got = p.delivered(i);
+            let distinct: HashSet<_> = got.iter().collect();
+            assert_eq!(distinct.len(), got.len(), "{kind:?}: {i} got a duplicate");
+            assert!(got.iter().all(|id| *id < 200));
+            total += got.len();
+        }
+        // 20% loss each way: about 0.8 * 0.8 of 600, give or take packing; never all of them, never none.
+        assert!((150..590).contains(&total), "{kind:?}: {total} delivered");
+        let c = p.receiver_counters.snapshot().since(&before);
+        assert_eq!(c.resent_timeout, 0, "{kind:?}: QoS 0 is never re-sent");
+        assert_eq!((c.refused(), c.dropped), (0, 0), "{kind:?}: {c:?}");
+    }
+}
+
+#[test]
+fn a_restarted_receiver_gets_its_subscriptions_back_and_relays_exactly_once() {
+    for kind in ALL {
+        let mut p = Pair::new(kind, 4, 0.2, 33);
+        p.subscribe_all(QoS::AtLeastOnce);
+        p.publish(0..20, QoS::AtLeastOnce);
+        p.drive(Duration::from_secs(60));
+        assert!(p.idle(), "{kind:?}");
+        p.restart_receiver(77);
+        assert_eq!(p.receiver.relay().subscribers(), 0, "soft state: lost");
+        // Within a refresh the subscribers see the new run in the answer to their refresh and subscribe again.
+        p.run_for(SenderConfig::new(kind).refresh + Duration::from_secs(5));
+        assert_eq!(
+            p.receiver.relay().subscribers(),
+            3,
+            "{kind:?}: subscribed again"
+        );
+        for i in 1..4 {
+            assert_eq!(p.senders[i].receiver_run(), 77, "{kind:?}");
+        }
+        p.publish(20..60, QoS::AtLeastOnce);
+        p.drive(Duration::from_secs(120));
+        assert!(p.idle(), "{kind:?}");
+        assert_eq!(
+            sorted(p.accepted(0)),
+            (0..60).collect::<Vec<_>>(),
+            "{kind:?}"
+        );
+        for i in 1..4 {
+            assert_eq!(
+                sorted(p.delivered(i)),
+                (0..60).collect::<Vec<_>>(),
+                "{kind:?}: subscriber {i}, each once across the restart"
+            );
+        }
+    }
+}
+
+#[test]
+fn qos1_back_pressure_reaches_the_publisher_and_nothing_is_dropped() {
+    // Subscriber 1 is unreachable for a while: its queue fills, publishes stop being taken, and the publisher's
+    // re-sends carry them once it is back. Nothing is dropped, the relay never holds more than its bound.
+    let mut p = Pair::new(Kind::Link, 3, 0.0, 34);
+    p.subscribe_all(QoS::AtLeastOnce);
+    let bound = transport_pure::relay::RelayConfig::default().held;
+    p.publish(0..(bound as u64 + 300), QoS::AtLeastOnce);
+    let mut most = 0;
+    let cut = p.now + Duration::from_secs(3);
+    while p.now < cut {
+        // Lose everything to and from subscriber 1.
+        p.network.retain(|(_, _, i, _)| *i != 1);
+        p.run_for(Duration::from_millis(10));
+        most = most.max(p.receiver.relay().held());
+    }
+    assert!(
+        (bound..=2 * bound).contains(&most),
+        "the queue reached its bound and no further: held {most}"
+    );
+    assert!(p.senders[0].pending() > 0, "the publisher was held back");
+    p.drive(Duration::from_secs(120));
+    assert!(p.idle());
+    let n = bound as u64 + 300;
+    assert_eq!(sorted(p.accepted(0)), (0..n).collect::<Vec<_>>());
+    for i in 1..3 {
+        assert_eq!(sorted(p.delivered(i)), (0..n).collect::<Vec<_>>(), "{i}");
+    }
+    assert_eq!(p.receiver_counters.snapshot().dropped, 0);
+}
+
+#[test]
+fn random_and_mutated_pubsub_datagrams_never_panic_and_never_deliver() {
+    use common::{Net, CHANNEL as NET_CHANNEL};
+    for kind in ALL {
+        let mut rng = StdRng::seed_from_u64(35);
+        let keys = Keys::new(2, &mut rng);
+        let mut net = Net::new(&keys, kind, 2);
+        net.subscribe(0, QoS::AtLeastOnce);
+        for (id, qos) in [(1, QoS::AtLeastOnce), (2, QoS::AtMostOnce)] {
+            let payload = transport_pure::client::payload(id, 16);
+            net.devices[1]
+                .publish(net.now, NET_CHANNEL, id, qos, payload)
+                .unwrap();
+            net.pump();
+        }
+        assert_eq!(net.delivered(0), [1, 2], "{kind:?}");
+        // Every datagram of that exchange: subscribes, publishes, deliveries and every kind of answer.
+        let bases: Vec<Vec<u8>> = net.log.iter().map(|d| d.bytes.clone()).collect();
+        let events = net.events.len();
+        for i in 0..4000 {
+            let mut d = if i % 4 != 3 {
+                bases[i % bases.len()].clone()
+            } else {
+                (0..rng.random_range(0..300))
+                    .map(|_| rng.random())
+                    .collect()
+            };
+            if !d.is_empty() {
+                for _ in 0..rng.random_range(1..4) {
+                    let at = rng.random_range(0..d.len());
+                    d[at] ^= rng.random_range(1..=255u8);
+                }
+                if rng.random_bool(0.3) {
+                    d.truncate(rng.random_range(0..d.len()));
+                }
+            }
+            net.receiver.handle(net.now, Net::addr(i % 2), &d);
+            net.devices[0].handle(net.now, &d);
+            net.devices[1].handle(net.now, &d);
+        }
+        // Whatever the receiver relays meanwhile reaches the devices too.
+        net.pump();
+        if kind.sealed() {
+            assert_eq!(
+                net.events.len(),
+                events,
+                "{kind:?}: nothing delivered, accepted or subscribed from noise: {:?}",
+                &net.events[events..]
             );
         }
     }

@@ -10,9 +10,9 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 use tokio::net::UdpSocket;
 use transport_core::{Counters, Order, OrderId, TransportError};
-use transport_pure::crypto::WireKeys;
+use transport_pure::crypto::{put_record, WireKeys};
 use transport_pure::sender::{Sender, SenderEvent};
-use transport_pure::wire::{self, Kind};
+use transport_pure::wire::{self, Kind, Op};
 use transport_store::{self as store, Store, StoreHandle, SyncPolicy};
 
 mod common;
@@ -257,18 +257,22 @@ async fn an_allowed_device_cannot_store_orders_as_another_through_its_session() 
         (keys.devices[0].key_id(), 0, 1001),
         (keys.devices[0].key_id(), 0, 1002),
     ] {
-        let len = wire::record_len(Kind::HpkeSession, 8);
         let mut frame = Vec::new();
-        let header = wire::put_record_header(
+        let head = wire::Head {
+            kind: Kind::HpkeSession,
+            op: Op::Order,
+            key_id: &key_id,
+            run: 5,
+            number: seq,
+            variant: &enc,
+        };
+        put_record(
             &mut frame,
-            Kind::HpkeSession,
-            &key_id,
-            5,
-            seq,
-            &enc,
-            len - Kind::HpkeSession.record_header_len(),
+            &head,
+            Some(&session),
+            &1u64.to_be_bytes(),
+            &[9; 8],
         );
-        session.seal_record(seq, header, 1, &[9; 8], &mut frame);
         if sender == 1 {
             made.push(OrderId {
                 sender,

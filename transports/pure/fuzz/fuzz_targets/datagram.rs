@@ -8,6 +8,7 @@ use std::time::Instant;
 use transport_core::Counters;
 use transport_pure::crypto::NodeKey;
 use transport_pure::receiver::{InMemorySecrets, Receiver, ReceiverConfig};
+use transport_pure::relay::RelayConfig;
 use transport_pure::sender::{Sender, SenderConfig};
 use transport_pure::senders::{AllowList, AllowedSender};
 use transport_pure::wire::{self, Kind};
@@ -43,11 +44,16 @@ fuzz_target!(|data: &[u8]| {
                 run: 1,
                 session_capacity: 4,
                 secrets: Box::new(InMemorySecrets::default()),
+                relay: RelayConfig::default(),
+                rng: rand::SeedableRng::seed_from_u64(0),
             },
             Arc::new(Counters::default()),
         );
-        r.handle("127.0.0.1:1".parse().unwrap(), data);
+        let now = Instant::now();
+        r.handle(now, "127.0.0.1:1".parse().unwrap(), data);
         let _ = r.take_deliveries();
+        let mut out = Vec::new();
+        while r.poll_transmit(now, &mut out).is_some() {}
         let rng = rand::SeedableRng::seed_from_u64(0);
         let mut s = Sender::new(SenderConfig::new(kind), fx.device.clone(), *fx.node.public(), rng, Arc::new(Counters::default())).unwrap();
         s.handle(Instant::now(), data);
