@@ -24,6 +24,61 @@ pub fn valgrind_version() -> anyhow::Result<String> {
     Ok(String::from_utf8_lossy(&out.stdout).trim().to_string())
 }
 
+/// The CPU features this binary sees under valgrind (`exe cpu-features` run with `--tool=none`). Valgrind shows a
+/// program fewer features than the host has (no ADX, SHA or VAES in 3.19, for instance), and the libraries choose
+/// their code paths from what they see: this, not the host's model name, says whether two counts are comparable.
+pub fn guest_cpu_features(exe: &Path) -> anyhow::Result<String> {
+    let out = Command::new("valgrind")
+        .args(["-q", "--tool=none"])
+        .arg(exe)
+        .arg("cpu-features")
+        .stdin(Stdio::null())
+        .output()
+        .context("starting valgrind")?;
+    if !out.status.success() {
+        bail!(
+            "reading the CPU features under valgrind failed: {}",
+            out.status
+        );
+    }
+    Ok(String::from_utf8_lossy(&out.stdout).trim().to_string())
+}
+
+/// The features of the running CPU that the measured libraries switch on (AES-GCM, GHASH, SHA-2, P-256, X25519,
+/// memcpy), comma-separated.
+pub fn cpu_features() -> String {
+    #[cfg(target_arch = "x86_64")]
+    {
+        let mut seen = Vec::new();
+        macro_rules! detect {
+            ($($f:tt),*) => { $( if std::arch::is_x86_feature_detected!($f) { seen.push($f); } )* };
+        }
+        detect!(
+            "aes",
+            "pclmulqdq",
+            "sse4.1",
+            "sse4.2",
+            "avx",
+            "avx2",
+            "fma",
+            "bmi1",
+            "bmi2",
+            "adx",
+            "sha",
+            "vaes",
+            "vpclmulqdq",
+            "avx512f",
+            "avx512ifma",
+            "movbe"
+        );
+        seen.join(",")
+    }
+    #[cfg(not(target_arch = "x86_64"))]
+    {
+        std::env::consts::ARCH.to_string()
+    }
+}
+
 /// Runs scenarios of one executable under callgrind, keeping the output and log files in one directory.
 #[derive(Debug, Clone)]
 pub struct Callgrind {

@@ -3,7 +3,7 @@
 
 use anyhow::{bail, Context};
 use clap::{Parser, Subcommand};
-use icount::callgrind::{valgrind_version, Callgrind};
+use icount::callgrind::{cpu_features, guest_cpu_features, valgrind_version, Callgrind};
 use icount::meter::Meter;
 use icount::results::{self, Comparison, Provenance, Record, SCHEMA};
 use icount::scenarios::{self, Scenario};
@@ -38,6 +38,9 @@ enum Command {
     Measure(MeasureOpt),
     /// Make a new PKI for the handshake scenarios (to replace benches/icount/pki: the handshake counts move with it).
     WritePki { dir: PathBuf },
+    /// Print the CPU features the measured libraries choose their code paths by (run under valgrind by `measure`).
+    #[command(hide = true)]
+    CpuFeatures,
     /// Compare a results file with a baseline: a Markdown table; exit status 1 if a scenario regressed.
     Compare {
         baseline: PathBuf,
@@ -98,6 +101,10 @@ fn run(cli: Cli) -> anyhow::Result<()> {
         }
         Command::Measure(opt) => measure(opt),
         Command::WritePki { dir } => scenarios::write_pki(&dir),
+        Command::CpuFeatures => {
+            println!("{}", cpu_features());
+            Ok(())
+        }
         Command::Compare {
             baseline,
             results: now,
@@ -150,13 +157,13 @@ fn measure(opt: MeasureOpt) -> anyhow::Result<()> {
             .unwrap_or(s.iterations)
     };
     let exe = std::env::current_exe().context("locating this binary")?;
-    let callgrind = Callgrind::new(exe, opt.callgrind_dir.clone())?;
+    let callgrind = Callgrind::new(exe.clone(), opt.callgrind_dir.clone())?;
     if !callgrind.no_aslr() {
         eprintln!(
             "icount: `setarch -R` does not work here; running with address space randomisation"
         );
     }
-    let provenance = Provenance::here(valgrind_version()?);
+    let provenance = Provenance::here(valgrind_version()?, guest_cpu_features(&exe)?);
 
     // A small pool: each worker takes the next scenario until none is left.
     let next = AtomicUsize::new(0);

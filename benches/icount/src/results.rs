@@ -31,17 +31,21 @@ pub struct Provenance {
     /// Short commit hash, `-dirty` if tracked files had changes.
     pub commit: String,
     pub rustc: String,
+    /// The host's CPU model (for the record; [`Provenance::cpu_features`] decides comparability).
     pub cpu: String,
+    /// The CPU features the scenarios saw under valgrind, which choose the libraries' code paths.
+    pub cpu_features: String,
 }
 
 impl Provenance {
-    /// This build on this machine, measured with `valgrind`.
-    pub fn here(valgrind: String) -> Provenance {
+    /// This build on this machine, measured with `valgrind` on a CPU that shows `cpu_features` under it.
+    pub fn here(valgrind: String, cpu_features: String) -> Provenance {
         Provenance {
             valgrind,
             commit: commit(),
             rustc: env!("ICOUNT_RUSTC_VERSION").to_string(),
             cpu: cpu_model(),
+            cpu_features,
         }
     }
 }
@@ -183,6 +187,9 @@ pub struct Comparison {
     pub tolerance_pct: f64,
     /// Provenance fields that differ between the two (a different compiler or valgrind explains a change).
     pub differences: Vec<String>,
+    /// Set when the baseline was counted on a CPU showing other features: the libraries take other code paths,
+    /// so no row can be compared and the check fails.
+    pub other_machine: Option<String>,
 }
 
 impl Comparison {
@@ -225,8 +232,17 @@ impl Comparison {
             }
         }
         let mut differences = Vec::new();
+        let mut other_machine = None;
         if let (Some(b), Some(n)) = (baseline.first(), now.first()) {
             let (b, n) = (&b.provenance, &n.provenance);
+            if b.cpu_features != n.cpu_features {
+                other_machine = Some(format!(
+                    "the baseline was counted on a CPU showing [{}] under valgrind, this one shows [{}]: the \
+                     libraries take other code paths, so the counts are not comparable; count a baseline on this \
+                     machine class (scripts/icount --out FILE)",
+                    b.cpu_features, n.cpu_features
+                ));
+            }
             for (what, x, y) in [
                 ("rustc", &b.rustc, &n.rustc),
                 ("valgrind", &b.valgrind, &n.valgrind),
@@ -241,19 +257,20 @@ impl Comparison {
             rows,
             tolerance_pct,
             differences,
+            other_machine,
         }
     }
 
     /// Whether the check fails.
     pub fn failed(&self) -> bool {
-        self.rows.iter().any(|r| r.verdict.fails())
+        self.other_machine.is_some() || self.rows.iter().any(|r| r.verdict.fails())
     }
 
-    /// The scenarios that fail the check.
+    /// The scenarios that fail the check (every one when the baseline is from another machine class).
     pub fn failures(&self) -> Vec<&str> {
         self.rows
             .iter()
-            .filter(|r| r.verdict.fails())
+            .filter(|r| self.other_machine.is_some() || r.verdict.fails())
             .map(|r| r.scenario.as_str())
             .collect()
     }
@@ -282,6 +299,9 @@ impl Comparison {
                 r.verdict.label()
             );
         }
+        if let Some(m) = &self.other_machine {
+            let _ = writeln!(out, "\n**Not comparable**: {m}.");
+        }
         for d in &self.differences {
             let _ = writeln!(
                 out,
@@ -308,6 +328,7 @@ mod tests {
                 commit: "abc".into(),
                 rustc: "rustc 1".into(),
                 cpu: "cpu".into(),
+                cpu_features: "aes,avx2".into(),
             },
         }
     }
@@ -368,6 +389,19 @@ mod tests {
         assert!(c
             .markdown()
             .contains("rustc: baseline `rustc 1`, now `rustc 2`"));
+    }
+
+    #[test]
+    fn a_baseline_from_a_cpu_with_other_features_is_not_comparable() {
+        let mut now = rec("a", 10.0, 10);
+        now.provenance.cpu = "another model".into();
+        let c = Comparison::new(&[rec("a", 10.0, 10)], std::slice::from_ref(&now), 1.0);
+        assert!(!c.failed(), "only the model differs: comparable");
+        now.provenance.cpu_features = "aes".into();
+        let c = Comparison::new(&[rec("a", 10.0, 10)], &[now], 1.0);
+        assert!(c.failed());
+        assert_eq!(c.failures(), ["a"]);
+        assert!(c.markdown().contains("**Not comparable**"));
     }
 
     #[test]
