@@ -286,9 +286,10 @@ impl Comparison {
         );
         out.push_str("| scenario | baseline | now | change | |\n|---|---:|---:|---:|---|\n");
         for r in &self.rows {
-            let change = r
-                .change()
-                .map_or("-".to_string(), |c| format!("{:+.2}%", c * 100.0));
+            // Rounded first, so a change too small to show reads +0.00%, not -0.00%.
+            let change = r.change().map_or("-".to_string(), |c| {
+                format!("{:+.2}%", (c * 10_000.0).round() / 100.0 + 0.0)
+            });
             let _ = writeln!(
                 out,
                 "| {} | {} | {} | {} | {} |",
@@ -369,6 +370,11 @@ mod tests {
             "{table}"
         );
         assert!(!Comparison::new(&base, &base, 1.0).failed());
+        let tiny = Comparison::new(&base[..1], &[rec("a", 999.99, 10)], 1.0).markdown();
+        assert!(
+            tiny.contains("| a | 1000.0 | 1000.0 | +0.00% | ok |"),
+            "{tiny}"
+        );
     }
 
     #[test]
