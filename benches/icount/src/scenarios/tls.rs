@@ -17,7 +17,7 @@
 //! seed the generator behind key generation and signing. X25519 and P-256 signing cost the same whatever the
 //! secret, but each handshake's CertificateVerify signatures differ, so each side's verification of the other's
 //! (and the signature's DER length, 70-72 bytes) varies from one handshake to the next; averaged over the steps
-//! this leaves a spread of a few hundredths of a percent (`docs/performance.md`).
+//! this leaves a spread under a tenth of a percent between runs (`docs/performance.md`).
 
 use crate::meter::{Meter, Section};
 use anyhow::{ensure, Context};
