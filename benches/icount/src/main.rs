@@ -71,6 +71,10 @@ struct MeasureOpt {
     /// The growth allowed by --check, in percent.
     #[arg(long, default_value_t = DEFAULT_TOLERANCE_PCT)]
     tolerance: f64,
+    /// With --check: when the baseline was counted on another machine class (other CPU features under valgrind),
+    /// say so and pass instead of failing, since the counts cannot be compared (CI on a machine of unknown class).
+    #[arg(long)]
+    skip_other_machine: bool,
     /// Scenarios run at once (callgrind counts are not disturbed by a busy machine; only the time is).
     #[arg(long, default_value_t = 2)]
     jobs: usize,
@@ -112,7 +116,7 @@ fn run(cli: Cli) -> anyhow::Result<()> {
         } => {
             let comparison =
                 Comparison::new(&results::read(&baseline)?, &results::read(&now)?, tolerance);
-            verdict(&comparison)
+            verdict(&comparison, false)
         }
     }
 }
@@ -124,8 +128,12 @@ fn find(name: &str) -> anyhow::Result<&'static Scenario> {
     })
 }
 
-fn verdict(comparison: &Comparison) -> anyhow::Result<()> {
+fn verdict(comparison: &Comparison, skip_other_machine: bool) -> anyhow::Result<()> {
     println!("{}", comparison.markdown());
+    if skip_other_machine && comparison.other_machine.is_some() {
+        eprintln!("icount: the baseline is from another machine class; nothing compared (--skip-other-machine)");
+        return Ok(());
+    }
     if comparison.failed() {
         bail!(
             "instruction counts regressed or not comparable: {}",
@@ -230,7 +238,10 @@ fn measure(opt: MeasureOpt) -> anyhow::Result<()> {
         opt.out.display()
     );
     match &baseline {
-        Some(base) => verdict(&Comparison::new(base, &records, opt.tolerance)),
+        Some(base) => verdict(
+            &Comparison::new(base, &records, opt.tolerance),
+            opt.skip_other_machine,
+        ),
         None => Ok(()),
     }
 }
