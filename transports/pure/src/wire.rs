@@ -115,7 +115,7 @@ pub enum WireError {
     Kind(u8),
     /// A frame of the wrong direction (an answer sent to a receiver, a record sent to a sender).
     Direction,
-    /// A sealed body shorter than a tag.
+    /// A body shorter than its fixed fields: the time it was made, and a tag when sealed.
     ShortBody,
 }
 
@@ -126,7 +126,7 @@ impl fmt::Display for WireError {
             WireError::Version(v) => write!(f, "unknown version {v}"),
             WireError::Kind(k) => write!(f, "unknown kind {k:#x}"),
             WireError::Direction => f.write_str("frame of the wrong direction"),
-            WireError::ShortBody => f.write_str("sealed body shorter than a tag"),
+            WireError::ShortBody => f.write_str("record body shorter than its fixed fields"),
         }
     }
 }
@@ -270,7 +270,13 @@ pub fn parse_frame(buf: &[u8]) -> Result<(Frame<'_>, usize), WireError> {
     if buf.len() < end {
         return Err(WireError::Truncated);
     }
-    if kind.sealed() && body_len < TAG_LEN + MADE_LEN {
+    // Every body starts with the time the order was made; a sealed one ends with a tag.
+    let min_body = if kind.sealed() {
+        MADE_LEN + TAG_LEN
+    } else {
+        MADE_LEN
+    };
+    if body_len < min_body {
         return Err(WireError::ShortBody);
     }
     let record = Record {
@@ -382,6 +388,36 @@ mod tests {
         dg[0] = 1;
         dg[1] = 0x17;
         assert_eq!(parse_frame(&dg).unwrap_err(), WireError::Kind(0x17));
+    }
+
+    #[test]
+    fn bodies_shorter_than_their_fixed_fields_are_refused() {
+        // Found by fuzzing (pure_wire): a plain record with a body shorter than the time field was accepted, and the
+        // receiver's split at the time field panicked.
+        for kind in [
+            Kind::Plain,
+            Kind::HpkeSession,
+            Kind::HpkePerRequest,
+            Kind::Link,
+        ] {
+            let min = record_len(kind, 0) - kind.record_header_len();
+            for body_len in 0..=min {
+                let mut dg = Vec::new();
+                let variant = vec![0; kind.variant_len()];
+                put_record_header(&mut dg, kind, &[3; 8], 1, 2, &variant, body_len);
+                dg.resize(dg.len() + body_len, 0);
+                let got = parse_frame(&dg);
+                if body_len < min {
+                    assert_eq!(
+                        got.unwrap_err(),
+                        WireError::ShortBody,
+                        "{kind:?} body of {body_len}"
+                    );
+                } else {
+                    assert!(got.is_ok(), "{kind:?} body of {body_len}");
+                }
+            }
+        }
     }
 
     #[test]
