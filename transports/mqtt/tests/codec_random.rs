@@ -1,6 +1,7 @@
-//! The codec under random input, on stable Rust (the cargo-fuzz target in `fuzz/` explores further): random bytes,
-//! truncated and mutated valid packets, and valid streams cut at random points. Nothing may panic; whatever decodes
-//! must encode back to itself; a valid stream must decode to the packets it was made of, whatever the cuts.
+//! The codec under random input, on stable Rust (the `mqtt_codec` target of the repository's `fuzz/` explores
+//! further, see docs/fuzzing.md): random bytes, truncated and mutated valid packets, and valid streams cut at random
+//! points. Nothing may panic; whatever decodes must encode back to itself; a valid stream must decode to the packets
+//! it was made of, whatever the cuts.
 
 use bytes::{Bytes, BytesMut};
 use std::num::NonZeroU16;
