@@ -15,11 +15,12 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 use transport_core::order::fill_payload;
 use transport_core::{device_name, sender_id, Counters, Order, OrderId};
-use transport_pure::crypto::{NodeKey, WireKeys};
+use transport_pure::crypto::{NodeKey, Sealer, WireKeys};
 use transport_pure::receiver::{InMemorySecrets, Receiver, ReceiverConfig};
+use transport_pure::relay::RelayConfig;
 use transport_pure::sender::{Sender, SenderConfig, SenderEvent};
 use transport_pure::senders::{AllowList, AllowedSender};
-use transport_pure::wire::{self, Kind};
+use transport_pure::wire::{self, Kind, Op};
 
 /// Bytes of payload per order, as the workloads send.
 pub const PAYLOAD: usize = 64;
@@ -93,6 +94,8 @@ impl Link {
                 run: RECEIVER_RUN,
                 session_capacity: 1024,
                 secrets: Box::new(InMemorySecrets::default()),
+                relay: RelayConfig::default(),
+                rng: StdRng::seed_from_u64(RNG_SEED),
             },
             Arc::new(Counters::default()),
         );
@@ -121,13 +124,13 @@ impl Link {
 
     /// Receiver: take the datagram, answer what opened (as if the store had committed it), build the answer.
     fn receive(&mut self) -> Vec<Order> {
-        self.receiver.handle(self.device, &self.datagram);
+        self.receiver.handle(self.now, self.device, &self.datagram);
         let (orders, replies) = self.receiver.take_deliveries();
         for reply in &replies {
             self.receiver.answer(reply);
         }
         self.answer.clear();
-        self.receiver.poll_transmit(&mut self.answer);
+        self.receiver.poll_transmit(self.now, &mut self.answer);
         orders
     }
 
@@ -175,10 +178,11 @@ fn sealed_fixture() -> (Vec<u8>, std::ops::Range<usize>, WireKeys) {
     let kind = Kind::Link;
     let device = NodeKey::from_secret(DEVICE_SECRET);
     let mut header = Vec::new();
-    let body_len = wire::record_len(kind, PAYLOAD) - kind.record_header_len();
+    let body_len = wire::record_len(kind, Op::Order, PAYLOAD) - kind.record_header_len(Op::Order);
     let aad = wire::put_record_header(
         &mut header,
         kind,
+        Op::Order,
         &device.key_id(),
         SENDER_RUN,
         0,
@@ -197,8 +201,9 @@ pub fn seal_record(m: &Meter) -> anyhow::Result<()> {
     m.run(|seq, s| {
         frame.clear();
         frame.extend_from_slice(&header);
-        s.measure(|| keys.seal_record(seq, aad.clone(), MADE_US, &payload, &mut frame));
-        ensure!(frame.len() == wire::record_len(Kind::Link, PAYLOAD));
+        let made = MADE_US.to_be_bytes();
+        s.measure(|| keys.seal(Op::Order, seq, aad.clone(), &[&made, &payload], &mut frame));
+        ensure!(frame.len() == wire::record_len(Kind::Link, Op::Order, PAYLOAD));
         Ok(())
     })
 }
@@ -208,11 +213,13 @@ pub fn open_record(m: &Meter) -> anyhow::Result<()> {
     let (header, aad, keys) = sealed_fixture();
     let payload = order(0).payload;
     let mut frame = header.clone();
-    keys.seal_record(0, aad.clone(), MADE_US, &payload, &mut frame);
+    let made = MADE_US.to_be_bytes();
+    keys.seal(Op::Order, 0, aad.clone(), &[&made, &payload], &mut frame);
     let body = &frame[aad.end..];
+    let expected: Vec<u8> = made.iter().chain(&payload).copied().collect();
     m.run(|_, s| {
-        let opened = s.measure(|| keys.open_record(0, &header, body));
-        ensure!(opened.context("open")? == (MADE_US, payload.clone()));
+        let opened = s.measure(|| keys.open(Op::Order, 0, &header, body));
+        ensure!(opened.context("open")? == expected);
         Ok(())
     })
 }
@@ -236,12 +243,12 @@ pub fn hpke_setup_receiver(m: &Meter) -> anyhow::Result<()> {
     let mut rng = StdRng::seed_from_u64(RNG_SEED);
     let (enc, keys) = WireKeys::hpke_sender(&mut rng, &device, node.public());
     let mut sealed = Vec::new();
-    keys.seal_record(0, 0..0, MADE_US, b"probe", &mut sealed);
+    keys.seal(Op::Order, 0, 0..0, &[b"probe"], &mut sealed);
     m.run(|_, s| {
         let opened = s.measure(|| WireKeys::hpke_receiver(&node, device.public(), &enc));
         // The receiver's keys are the sender's: they open what the sender sealed.
         let keys = opened.context("setup")?;
-        ensure!(keys.open_record(0, &[], &sealed).is_ok());
+        ensure!(keys.open(Op::Order, 0, &[], &sealed).is_ok());
         Ok(())
     })
 }
