@@ -11,18 +11,21 @@
 //!   a refusing CONNACK precedes a close; SUBACK, UNSUBACK, PUBACK and PINGRESP answer their packet with its
 //!   identifier, one return code per filter, never granting more than requested;
 //! - CONNACK's session-present flag is right [MQTT-3.2.2-1, -2]; a certificate's connection only ever gets its own
-//!   name; the connection a CONNECT takes over is the one closed [MQTT-3.1.4-2];
-//! - an order is committed only from its own device, with its identifier;
+//!   name; the connection a CONNECT takes over is the one closed [MQTT-3.1.4-2]. A client is named by its identifier
+//!   and whether it has a certificate: the plaintext listener's identifiers are a namespace of their own (docs/mqtt.md),
+//!   so a plaintext client never takes over, resumes or reads a certificate's session of the same identifier;
+//! - an order is committed only from its own device (a certificate's connection), with its identifier;
 //! - deliveries are whole valid PUBLISH packets on topics that a filter of the session matches (by a reference
 //!   matcher written apart from the broker's); a new packet identifier is never one still unacknowledged, a DUP
-//!   re-delivery always is [MQTT-2.3.1-2, MQTT-4.4.0-1]; in-flight messages stay within the limit;
+//!   re-delivery always is, as a PUBLISH at its QoS not yet answered with PUBREC, and a PUBREL only follows the
+//!   client's PUBREC [MQTT-2.3.1-2, MQTT-4.3.3, MQTT-4.4.0-1]; in-flight messages stay within the limit;
 //! - the broker's counts of connected clients, sessions and subscriptions equal the model's.
 #![no_main]
 
 use arbitrary::{Arbitrary, Unstructured};
 use bytes::{Bytes, BytesMut};
 use libfuzzer_sys::fuzz_target;
-use std::collections::{HashMap, HashSet};
+use std::collections::HashMap;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 use transport_core::framing::decode_order_body;
@@ -63,7 +66,7 @@ enum Op {
         slot: usize,
         bytes: Vec<u8>,
     },
-    /// The client acknowledges its `nth` unacknowledged delivery.
+    /// The client acknowledges its `nth` unacknowledged delivery, as its QoS asks: PUBACK, or PUBREC then PUBCOMP.
     Ack {
         slot: usize,
         nth: usize,
@@ -121,8 +124,23 @@ struct Slot {
     identity: Option<String>,
     buf: BytesMut,
     connack_sent: bool,
-    /// The client identifier of the session it is attached to.
-    client: Option<String>,
+    /// The client of the session it is attached to.
+    client: Option<Client>,
+}
+
+/// What names a session: the client identifier, and whether a certificate verified it (the plaintext listener's
+/// identifiers are a namespace of their own).
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+struct Client {
+    verified: bool,
+    id: String,
+}
+
+impl std::fmt::Display for Client {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let namespace = if self.verified { "" } else { "plaintext " };
+        write!(f, "{namespace}{}", self.id)
+    }
 }
 
 #[derive(Default)]
@@ -133,7 +151,16 @@ struct Session {
     /// Every filter granted in this session, with the highest QoS granted: queued messages may still arrive after
     /// an unsubscribe or a downgrade.
     ever: HashMap<String, QoS>,
-    unacked: HashSet<u16>,
+    /// Deliveries in flight, by packet identifier.
+    unacked: HashMap<u16, Outbound>,
+}
+
+/// A QoS 1 or 2 delivery in flight: until PUBACK (QoS 1), or PUBREC then PUBCOMP (QoS 2) [MQTT-4.3.2, MQTT-4.3.3].
+#[derive(Debug, Clone, Copy)]
+struct Outbound {
+    qos: QoS,
+    /// QoS 2: the client sent PUBREC; the broker owes it PUBREL, never the PUBLISH again.
+    released: bool,
 }
 
 struct World {
@@ -142,7 +169,7 @@ struct World {
     counters: Arc<Counters>,
     slots: Vec<Option<Slot>>,
     next_conn: u64,
-    sessions: HashMap<String, Session>,
+    sessions: HashMap<Client, Session>,
 }
 
 impl World {
@@ -191,16 +218,27 @@ impl World {
                 let Some(client) = self.slots[slot].as_ref().and_then(|s| s.client.clone()) else {
                     return;
                 };
-                let mut ids: Vec<u16> = self.sessions[&client].unacked.iter().copied().collect();
+                let unacked = &self.sessions[&client].unacked;
+                let mut ids: Vec<u16> = unacked.keys().copied().collect();
                 if ids.is_empty() {
                     return;
                 }
                 ids.sort_unstable();
                 let id = ids[nth % ids.len()];
+                let pid = id.try_into().expect("not zero");
+                let ack = match unacked[&id] {
+                    Outbound {
+                        qos: QoS::ExactlyOnce,
+                        released: false,
+                    } => Packet::PubRec(pid),
+                    Outbound {
+                        qos: QoS::ExactlyOnce,
+                        released: true,
+                    } => Packet::PubComp(pid),
+                    _ => Packet::PubAck(pid),
+                };
                 let mut bytes = Vec::new();
-                Packet::PubAck(id.try_into().expect("not zero"))
-                    .encode(&mut bytes)
-                    .expect("encodes");
+                ack.encode(&mut bytes).expect("encodes");
                 self.receive(slot, &bytes);
             }
             Op::Deliver { slot, max_bytes } => self.deliver(slot, max_bytes),
@@ -317,14 +355,15 @@ impl World {
                 for a in out {
                     match a {
                         Action::Commit { order, ack } => {
+                            assert!(client.verified, "an order committed from {client}");
                             assert_eq!(
                                 publish.topic,
-                                format!("orders/{client}"),
+                                format!("orders/{}", client.id),
                                 "an order committed from {client}"
                             );
                             assert_eq!(
                                 order.id.sender,
-                                sender_id(&client),
+                                sender_id(&client.id),
                                 "an order of another sender committed"
                             );
                             assert_eq!(
@@ -370,7 +409,8 @@ impl World {
             },
             Packet::Unsubscribe(u) => assert_eq!(sends, [&Packet::UnsubAck(u.packet_id)]),
             Packet::PingReq => assert_eq!(sends, [&Packet::PingResp]),
-            Packet::PubAck(_) => assert!(out.is_empty()),
+            // The broker's answers to these (PUBREL after PUBREC) go out with the deliveries.
+            Packet::PubAck(_) | Packet::PubRec(_) | Packet::PubComp(_) => assert!(out.is_empty()),
             _ => {}
         }
     }
@@ -386,10 +426,13 @@ impl World {
         match (p, out) {
             (Packet::Connect(c), [Action::Send(Packet::ConnAck(ack))]) if result.is_ok() => {
                 let s = self.slots[slot].as_ref().expect("open");
-                let client = s.conn.client_id().expect("connected").to_string();
+                let client = Client {
+                    verified: s.identity.is_some(),
+                    id: s.conn.client_id().expect("connected").to_string(),
+                };
                 if let Some(identity) = &s.identity {
                     assert_eq!(
-                        &client, identity,
+                        &client.id, identity,
                         "a certificate's connection got another client's session"
                     );
                 }
@@ -441,8 +484,26 @@ impl World {
                     m.subs.remove(f);
                 }
             }
+            // Each acknowledges only a delivery at its QoS and stage; any other is ignored.
             (Packet::PubAck(id), _) if result.is_ok() => {
-                self.attached(slot).unacked.remove(&id.get());
+                let unacked = &mut self.attached(slot).unacked;
+                if unacked
+                    .get(&id.get())
+                    .is_some_and(|o| o.qos == QoS::AtLeastOnce)
+                {
+                    unacked.remove(&id.get());
+                }
+            }
+            (Packet::PubRec(id), _) if result.is_ok() => {
+                if let Some(o) = self.attached(slot).unacked.get_mut(&id.get()) {
+                    o.released |= o.qos == QoS::ExactlyOnce;
+                }
+            }
+            (Packet::PubComp(id), _) if result.is_ok() => {
+                let unacked = &mut self.attached(slot).unacked;
+                if unacked.get(&id.get()).is_some_and(|o| o.released) {
+                    unacked.remove(&id.get());
+                }
             }
             _ => {}
         }
@@ -461,7 +522,7 @@ impl World {
     }
 
     /// The model's side of a detach: a clean session ends.
-    fn detach(&mut self, slot: usize, client: &str) {
+    fn detach(&mut self, slot: usize, client: &Client) {
         let m = self.sessions.get_mut(client).expect("attached session");
         assert_eq!(m.slot, Some(slot));
         m.slot = None;
@@ -501,10 +562,18 @@ impl World {
             let p = read_packet(&mut out, usize::MAX)
                 .unwrap_or_else(|e| panic!("the broker wrote a malformed delivery: {e}"))
                 .expect("deliveries are whole packets");
-            read += 1;
-            let Packet::Publish(p) = p else {
-                panic!("a delivery that is not a PUBLISH: {p:?}")
+            let p = match p {
+                Packet::Publish(p) => p,
+                Packet::PubRel(id) => {
+                    assert!(
+                        m.unacked.get(&id.get()).is_some_and(|o| o.released),
+                        "PUBREL {id} for a delivery the client has not received [MQTT-4.3.3]"
+                    );
+                    continue;
+                }
+                p => panic!("a delivery that is not a PUBLISH or PUBREL: {p:?}"),
             };
+            read += 1;
             let granted = m
                 .ever
                 .iter()
@@ -525,13 +594,19 @@ impl World {
             );
             if let Some(pid) = p.packet_id {
                 if p.dup {
+                    let o = m.unacked.get(&pid.get());
                     assert!(
-                        m.unacked.contains(&pid.get()),
-                        "DUP re-delivery of {pid}, which was not in flight"
+                        o.is_some_and(|o| !o.released && o.qos == p.qos),
+                        "DUP re-delivery of {pid} at {:?}, which was not in flight as a PUBLISH at that QoS: {o:?}",
+                        p.qos
                     );
                 } else {
+                    let new = Outbound {
+                        qos: p.qos,
+                        released: false,
+                    };
                     assert!(
-                        m.unacked.insert(pid.get()),
+                        m.unacked.insert(pid.get(), new).is_none(),
                         "packet identifier {pid} reused while unacknowledged"
                     );
                 }

@@ -1,22 +1,35 @@
-//! Pure's frame parser (`transport_pure::wire`) on arbitrary datagrams.
+//! Pure's frame parser (`transport_pure::wire`) on arbitrary datagrams: records of every op (orders, subscribes,
+//! publishes, deliveries) and answers, of every variant.
 //!
-//! Checks, for every datagram: walking it never panics; every frame it accepts is exactly the bytes the encoders
-//! (`put_record_header`, `put_answer_header`) write for the fields it reports, so parse and encode agree; a sealed
-//! body holds at least the time and a tag, a plain body at least the time; frames tile the datagram from its start,
-//! and the walk stops at the first malformed frame.
+//! Checks, for every datagram:
+//! - walking it never panics, and `frames()` agrees with `parse_frame()` frame by frame;
+//! - every frame's verdict (its length, or its error) is the one a reference reader written from the format in the
+//!   module doc of `wire.rs` gives: the kind byte's answer bit, op, refused bit and variant, each op's variant header
+//!   and fixed fields, the tag of sealed variants, which ops are answered, and that only an answer to a subscribe can
+//!   be a refusal;
+//! - every accepted frame is exactly the bytes the encoders (`put_record_header`, `put_answer_header`,
+//!   `put_refusal_header`) write for the fields it reports, so parse and encode agree; the variant header, enc and receiver run are where the format
+//!   puts them;
+//! - frames tile the datagram from its start, and the walk stops at the first malformed frame.
 #![no_main]
 
 use libfuzzer_sys::fuzz_target;
-use transport_pure::wire::{self, Frame, Kind, MADE_LEN, TAG_LEN};
+use transport_pure::wire::{self, Frame, Kind, Op, WireError};
 
 fuzz_target!(init: transport_fuzz::seeds::write_if_asked("pure_wire"), |data: &[u8]| {
     let mut at = 0;
     let mut walk = wire::frames(data);
     loop {
-        let expected = (at < data.len()).then(|| wire::parse_frame(&data[at..]));
+        let parsed = (at < data.len()).then(|| wire::parse_frame(&data[at..]));
         let got = walk.next();
-        assert_eq!(got, expected.map(|r| r.map(|(f, _)| f)), "frames() and parse_frame() disagree at {at}");
-        let Some(Ok((frame, used))) = (at < data.len()).then(|| wire::parse_frame(&data[at..])) else {
+        assert_eq!(got, parsed.map(|r| r.map(|(f, _)| f)), "frames() and parse_frame() disagree at {at}");
+        let Some(parsed) = parsed else { break };
+        assert_eq!(
+            parsed.map(|(_, used)| used),
+            reference(&data[at..]),
+            "the parser and the format's reference reader disagree at {at}"
+        );
+        let Ok((frame, used)) = parsed else {
             assert_eq!(walk.next(), None, "the walk goes on after an error");
             break;
         };
@@ -26,40 +39,111 @@ fuzz_target!(init: transport_fuzz::seeds::write_if_asked("pure_wire"), |data: &[
     }
 });
 
-/// The bytes the encoders write for `frame`, with checks of the lengths it reports.
+/// The length of the frame at the start of `buf`, or why it is refused, read from the format as the module doc of
+/// `wire.rs` writes it (numbers from the doc, not from the parser's constants).
+fn reference(buf: &[u8]) -> Result<usize, WireError> {
+    // version, kind, key id [8], run u64, number u64
+    const COMMON: usize = 1 + 1 + 8 + 8 + 8;
+    if buf.len() < COMMON {
+        return Err(WireError::Truncated);
+    }
+    if buf[0] != 1 {
+        return Err(WireError::Version(buf[0]));
+    }
+    let kind = buf[1];
+    // answer (bit 7) | op (bits 4-6) | refused (bit 3) | variant (bits 0-2)
+    let (answer, op, refused, variant) = (
+        kind & 0x80 != 0,
+        (kind >> 4) & 0x07,
+        kind & 0x08 != 0,
+        kind & 0x07,
+    );
+    if !(1..=4).contains(&variant) || op > 5 {
+        return Err(WireError::Kind(kind));
+    }
+    // Only the answer to a subscribe can say it was refused.
+    if refused && !(answer && op == 1) {
+        return Err(WireError::Kind(kind));
+    }
+    let sealed = variant != 1;
+    let tag = if sealed { 16 } else { 0 };
+    if answer {
+        // Only orders, subscribes, QoS 1 publishes and QoS 1 deliveries are answered.
+        if !matches!(op, 0 | 1 | 2 | 4) {
+            return Err(WireError::Kind(kind));
+        }
+        let len = COMMON + 8 + tag;
+        return if buf.len() < len {
+            Err(WireError::Truncated)
+        } else {
+            Ok(len)
+        };
+    }
+    let variant_header = match (op, variant) {
+        // Deliveries: the receiver run, and for hpke-per-request the enc of the delivery's own setup.
+        (4 | 5, 3) => 8 + 32,
+        (4 | 5, _) => 8,
+        (_, 1) => 0,
+        (_, 2 | 3) => 32,
+        _ => 8,
+    };
+    let header = COMMON + variant_header + 2;
+    if buf.len() < header {
+        return Err(WireError::Truncated);
+    }
+    let body = usize::from(u16::from_be_bytes([buf[header - 2], buf[header - 1]]));
+    // made_us; receiver run, channel, qos; receiver run, channel, id; channel, id.
+    let fixed = [8, 8 + 4 + 1, 8 + 4 + 8, 8 + 4 + 8, 4 + 8, 4 + 8][usize::from(op)];
+    if body < fixed + tag {
+        return Err(WireError::ShortBody);
+    }
+    if buf.len() < header + body {
+        return Err(WireError::Truncated);
+    }
+    Ok(header + body)
+}
+
+/// The bytes the encoders write for `frame`, with checks of the lengths and fields it reports.
 fn reencode(frame: &Frame<'_>) -> Vec<u8> {
     let mut out = Vec::new();
     match frame {
         Frame::Record(r) => {
-            assert_eq!(r.variant.len(), r.kind.variant_len());
-            assert_eq!(r.header.len(), r.kind.record_header_len());
-            let min = if r.kind.sealed() {
-                MADE_LEN + TAG_LEN
-            } else {
-                MADE_LEN
-            };
+            assert_eq!(r.variant.len(), r.kind.variant_len(r.op));
+            assert_eq!(r.header.len(), r.kind.record_header_len(r.op));
             assert!(
-                r.body.len() >= min,
-                "a {:?} body of {} bytes was accepted",
+                r.body.len() >= r.kind.min_body_len(r.op),
+                "a {:?} {:?} body of {} bytes was accepted",
                 r.kind,
+                r.op,
                 r.body.len()
             );
-            match r.kind {
-                Kind::HpkeSession | Kind::HpkePerRequest => {
-                    assert_eq!(r.enc().map(|e| &e[..]), Some(r.variant))
-                }
-                Kind::Link => assert_eq!(
-                    r.receiver_run()
-                        .map(u64::to_be_bytes)
-                        .as_ref()
-                        .map(|b| &b[..]),
-                    Some(r.variant)
-                ),
-                Kind::Plain => assert!(r.enc().is_none() && r.receiver_run().is_none()),
-            }
+            let hpke = matches!(r.kind, Kind::HpkeSession | Kind::HpkePerRequest);
+            let delivery = matches!(r.op, Op::Deliver1 | Op::Deliver0);
+            // A delivery's variant header starts with the receiver run; a device's record of the link variant is
+            // only the receiver run; an hpke record's enc follows the receiver run of a delivery.
+            let enc_at = if delivery { 8 } else { 0 };
+            let enc_expected = (hpke && (!delivery || r.kind == Kind::HpkePerRequest))
+                .then(|| &r.variant[enc_at..enc_at + wire::ENC_LEN]);
+            assert_eq!(
+                r.enc().map(|e| &e[..]),
+                enc_expected,
+                "{:?} {:?} enc",
+                r.kind,
+                r.op
+            );
+            let run_expected = (delivery || r.kind == Kind::Link)
+                .then(|| u64::from_be_bytes(r.variant[..8].try_into().expect("8 bytes")));
+            assert_eq!(
+                r.receiver_run(),
+                run_expected,
+                "{:?} {:?} receiver run",
+                r.kind,
+                r.op
+            );
             let header = wire::put_record_header(
                 &mut out,
                 r.kind,
+                r.op,
                 &r.key_id,
                 r.run,
                 r.seq,
@@ -68,11 +152,32 @@ fn reencode(frame: &Frame<'_>) -> Vec<u8> {
             );
             assert_eq!(&out[header], r.header);
             out.extend_from_slice(r.body);
+            assert_eq!(
+                out.len(),
+                wire::record_len(r.kind, r.op, r.body.len() - r.kind.min_body_len(r.op))
+            );
         }
         Frame::Answer(a) => {
-            assert_eq!(a.tag.len(), if a.kind.sealed() { TAG_LEN } else { 0 });
-            let header =
-                wire::put_answer_header(&mut out, a.kind, &a.key_id, a.run, a.seq, a.receiver_run);
+            assert!(
+                a.op.answered(),
+                "an answer to {:?}, which is never answered",
+                a.op
+            );
+            assert_eq!(a.tag.len(), if a.kind.sealed() { wire::TAG_LEN } else { 0 });
+            let header = if a.refused {
+                assert_eq!(a.op, Op::Subscribe, "a refusal of a {:?}", a.op);
+                wire::put_refusal_header(&mut out, a.kind, &a.key_id, a.run, a.seq, a.receiver_run)
+            } else {
+                wire::put_answer_header(
+                    &mut out,
+                    a.kind,
+                    a.op,
+                    &a.key_id,
+                    a.run,
+                    a.seq,
+                    a.receiver_run,
+                )
+            };
             assert_eq!(&out[header], a.header);
             out.extend_from_slice(a.tag);
             assert_eq!(out.len(), a.kind.answer_len());

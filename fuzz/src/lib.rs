@@ -1,5 +1,5 @@
-//! The shared half of the fuzz targets in `fuzz_targets/`: fixed keys and actors for Pure, generators of valid MQTT
-//! packets, a reference reader of the store's log, and the seed corpora.
+//! The shared half of the fuzz targets in `fuzz_targets/`: fixed keys and actors for Pure and the operations of its
+//! receiver target, generators of valid MQTT packets, a reference reader of the store's log, and the seed corpora.
 //!
 //! Each target is a libFuzzer `fuzz_target!` built on stable Rust by `scripts/fuzz` (see `docs/fuzzing.md`). The
 //! targets check invariants, not only the absence of panics; a broken invariant panics with a message that says
@@ -7,6 +7,7 @@
 
 pub mod mqtt;
 pub mod pure;
+pub mod pure_ops;
 pub mod seeds;
 pub mod store;
 

@@ -1,9 +1,11 @@
 //! Pure actors for the fuzz targets: one receiver key, three allowed devices and one device the receiver does not
-//! know, all with fixed keys so that an input replays exactly.
+//! know, all with fixed keys so that an input replays exactly; the receiver's relay with small bounds.
 
 use rand::rngs::StdRng;
 use rand::SeedableRng;
+use std::net::SocketAddr;
 use std::sync::{Arc, OnceLock};
+use std::time::Duration;
 use transport_core::Counters;
 use transport_pure::crypto::NodeKey;
 use transport_pure::receiver::{InMemorySecrets, Receiver, ReceiverConfig};
@@ -25,6 +27,25 @@ pub const ALLOWED: usize = 3;
 pub const DEVICES: usize = ALLOWED + 1;
 /// HPKE sessions the receiver keeps: small, so that inputs reach eviction.
 pub const SESSION_CAPACITY: usize = 2;
+/// Channels the fuzz targets use (`0..CHANNELS`).
+pub const CHANNELS: u32 = 3;
+
+/// The relay's bounds: small, so that inputs reach them (a device may subscribe to fewer channels than it can name).
+pub fn relay_config() -> RelayConfig {
+    RelayConfig {
+        held: 4,
+        waiting0: 2,
+        channels: 2,
+        deadline0: Duration::from_secs(1),
+        expire: Duration::from_secs(15),
+        ..RelayConfig::default()
+    }
+}
+
+/// Device `device`'s address (one more, `DEVICES`, is a stranger's).
+pub fn addr(device: usize) -> SocketAddr {
+    SocketAddr::from(([10, 0, 0, device as u8 + 1], 4000))
+}
 
 /// The fixed keys.
 pub struct Fixture {
@@ -75,7 +96,7 @@ pub fn receiver(kind: Kind, run: u64, counters: Arc<Counters>) -> Receiver {
             run,
             session_capacity: SESSION_CAPACITY,
             secrets: Box::new(InMemorySecrets::default()),
-            relay: RelayConfig::default(),
+            relay: relay_config(),
             rng: StdRng::seed_from_u64(run),
         },
         counters,
