@@ -64,22 +64,24 @@ impl Aead for RustCrypto {
     }
 
     fn seal(&self, nonce: &Nonce, aad: &[u8], buf: &mut [u8]) -> Tag {
-        use aes_gcm::AeadInPlace;
+        use aes_gcm::AeadInOut;
         let tag = match self {
-            RustCrypto::Aes128Gcm(c) => c.encrypt_in_place_detached(nonce.into(), aad, buf),
-            RustCrypto::ChaCha20Poly1305(c) => c.encrypt_in_place_detached(nonce.into(), aad, buf),
+            RustCrypto::Aes128Gcm(c) => c.encrypt_inout_detached(nonce.into(), aad, buf.into()),
+            RustCrypto::ChaCha20Poly1305(c) => {
+                c.encrypt_inout_detached(nonce.into(), aad, buf.into())
+            }
         };
         tag.expect("a record under 64 GiB").into()
     }
 
     fn open(&self, nonce: &Nonce, aad: &[u8], buf: &mut [u8], tag: &Tag) -> Result<(), Rejected> {
-        use aes_gcm::AeadInPlace;
+        use aes_gcm::AeadInOut;
         match self {
             RustCrypto::Aes128Gcm(c) => {
-                c.decrypt_in_place_detached(nonce.into(), aad, buf, tag.into())
+                c.decrypt_inout_detached(nonce.into(), aad, buf.into(), tag.into())
             }
             RustCrypto::ChaCha20Poly1305(c) => {
-                c.decrypt_in_place_detached(nonce.into(), aad, buf, tag.into())
+                c.decrypt_inout_detached(nonce.into(), aad, buf.into(), tag.into())
             }
         }
         .map_err(|_| Rejected)

@@ -34,8 +34,8 @@ impl Parties {
     pub fn generate() -> Self {
         let mut rng = rand::rng();
         Parties {
-            sender: Kem::gen_keypair(&mut rng),
-            receiver: Kem::gen_keypair(&mut rng),
+            sender: Kem::gen_keypair_with_rng(&mut rng),
+            receiver: Kem::gen_keypair_with_rng(&mut rng),
         }
     }
 
@@ -43,7 +43,7 @@ impl Parties {
     /// key schedule.
     pub fn setup_sender<A: hpke::aead::Aead>(&self) -> (EncappedKey, SenderContext<A>) {
         let mode = OpModeS::Auth((self.sender.0.clone(), self.sender.1.clone()));
-        hpke::setup_sender::<A, Kdf, Kem, _>(&mode, &self.receiver.1, INFO, &mut rand::rng())
+        hpke::setup_sender_with_rng::<A, Kdf, Kem>(&mode, &self.receiver.1, INFO, &mut rand::rng())
             .expect("HPKE sender setup")
     }
 

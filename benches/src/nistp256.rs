@@ -283,9 +283,9 @@ impl P256 for RustCrypto {
     type SigningKey = p256::ecdsa::SigningKey;
 
     fn ecdh_keygen() -> (Self::EcdhSecret, Sec1Point) {
-        use p256::elliptic_curve::sec1::ToEncodedPoint;
-        let secret = p256::ecdh::EphemeralSecret::random(&mut rand_core_06::OsRng);
-        let public = to_point(secret.public_key().to_encoded_point(false).as_bytes());
+        use p256::elliptic_curve::{sec1::ToSec1Point, Generate};
+        let secret = p256::ecdh::EphemeralSecret::generate();
+        let public = to_point(secret.public_key().to_sec1_point(false).as_bytes());
         (secret, public)
     }
 
@@ -300,8 +300,9 @@ impl P256 for RustCrypto {
     }
 
     fn signing_key() -> (Self::SigningKey, Sec1Point) {
-        let key = p256::ecdsa::SigningKey::random(&mut rand_core_06::OsRng);
-        let public = to_point(key.verifying_key().to_encoded_point(false).as_bytes());
+        use p256::elliptic_curve::Generate;
+        let key = p256::ecdsa::SigningKey::generate();
+        let public = to_point(key.verifying_key().to_sec1_point(false).as_bytes());
         (key, public)
     }
 

@@ -26,7 +26,7 @@ impl X25519 for Dalek {
     type Secret = x25519_dalek::EphemeralSecret;
 
     fn keygen() -> (Self::Secret, [u8; 32]) {
-        let secret = x25519_dalek::EphemeralSecret::random_from_rng(rand_core_06::OsRng);
+        let secret = x25519_dalek::EphemeralSecret::random();
         let public = x25519_dalek::PublicKey::from(&secret).to_bytes();
         (secret, public)
     }

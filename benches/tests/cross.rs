@@ -251,10 +251,12 @@ fn hpke_checks<A: hpke::aead::Aead>() {
     for len in [0usize, 64, 1024] {
         let plain: Vec<u8> = (0..len).map(|i| i as u8).collect();
         let mut buf = plain.clone();
-        let tag = sender.seal_in_place_detached(&mut buf, b"aad").unwrap();
+        let tag = sender
+            .seal_inout_detached(buf.as_mut_slice().into(), b"aad")
+            .unwrap();
         assert!(len == 0 || buf != plain);
         receiver
-            .open_in_place_detached(&mut buf, b"aad", &tag)
+            .open_inout_detached(buf.as_mut_slice().into(), b"aad", &tag)
             .unwrap();
         assert_eq!(buf, plain);
     }
@@ -266,7 +268,9 @@ fn hpke_checks<A: hpke::aead::Aead>() {
             .setup_receiver::<A>(&parties.sender.1, &encapped)
             .unwrap();
         let mut record = vec![0x42; 64];
-        let tag = sender.seal_in_place_detached(&mut record, b"aad").unwrap();
+        let tag = sender
+            .seal_inout_detached(record.as_mut_slice().into(), b"aad")
+            .unwrap();
         let (mut tag, mut aad) = (hpke_auth::tag_bytes(&tag), b"aad".to_vec());
         match change {
             Tamper::Tag => tag[0] ^= 1,
@@ -275,7 +279,7 @@ fn hpke_checks<A: hpke::aead::Aead>() {
         }
         let tag = hpke_auth::tag_from_bytes::<A>(&tag).unwrap();
         assert!(receiver
-            .open_in_place_detached(&mut record, &aad, &tag)
+            .open_inout_detached(record.as_mut_slice().into(), &aad, &tag)
             .is_err());
     }
 
@@ -286,9 +290,11 @@ fn hpke_checks<A: hpke::aead::Aead>() {
         .setup_receiver::<A>(&impostor.sender.1, &encapped)
         .unwrap();
     let mut record = vec![0x42; 64];
-    let tag = sender.seal_in_place_detached(&mut record, b"aad").unwrap();
+    let tag = sender
+        .seal_inout_detached(record.as_mut_slice().into(), b"aad")
+        .unwrap();
     assert!(receiver
-        .open_in_place_detached(&mut record, b"aad", &tag)
+        .open_inout_detached(record.as_mut_slice().into(), b"aad", &tag)
         .is_err());
 }
 
