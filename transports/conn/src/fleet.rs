@@ -16,19 +16,32 @@
 //!   answered and then drops (a restarted server resetting it) is replaced at once.
 //! - [`LinkEvent::Stored`] is reported exactly once per order: a late answer from an old connection counts if it
 //!   comes first; any answer for an order already reported is ignored.
+//! - Publish/subscribe ([`pubsub`]): subscriptions are sent again on every new connection; a QoS 1 message not
+//!   acknowledged when its connection drops is sent again on the next one, a QoS 0 message never;
+//!   [`LinkEvent::Accepted`] is reported once per message and [`LinkEvent::Delivered`] once per subscriber and message.
+//!   Publishes and subscriptions wait for their answer as long as their connection lives (the transport's keepalive
+//!   decides when it is dead); only orders have an answer timeout.
 //!
 //! # Counted here (on the client's [`Counters`])
 //!
-//! `handshakes` (each connection the connector completed), `reconnects` (each connection a device opened after its
-//! first), `resent` (each order sent again on a new connection). The TLS operations themselves are counted by the
-//! crypto provider ([`transport_tls`]).
+//! `handshakes` (each connection the connector completed), `resumed` (those of them the connector reports resumed a
+//! TLS session, [`Connector::resumed`]), `reconnects` (each connection a device opened after its first),
+//! `resent_reconnect` (each order or QoS 1 message sent again on a new connection). The TLS operations themselves
+//! are counted by the crypto provider ([`transport_tls`]).
 //!
 //! # Cost per device
 //!
 //! One tokio task, a command queue (a mutex-guarded `Vec` and a `Notify`), the connection, and the orders in
 //! flight; nothing else is allocated while a device is idle.
 
+mod orders;
+mod pubsub;
+
+pub use pubsub::{message_id, payload, Deliveries, Delivery, SubAck, ID_BYTES};
+
 use futures::stream::{FuturesUnordered, StreamExt};
+use orders::Orders;
+use pubsub::{Acceptance, Confirmed, PubSub};
 use std::net::SocketAddr;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
@@ -38,7 +51,7 @@ use tokio::task::JoinSet;
 use tokio::time::Instant;
 use transport_core::Counters;
 use transport_core::TransportError;
-use transport_core::{BoxFuture, Fleet, FleetConfig, LinkEvent};
+use transport_core::{BoxFuture, Fleet, FleetConfig, LinkEvent, Publish, QoS};
 use transport_core::{Order, OrderId};
 use transport_tls::DeviceCredentials;
 
@@ -76,26 +89,68 @@ pub trait Connector: Send + Sync + 'static {
     /// A future that resolves when `conn` is closed, by either side or by a timeout or reset.
     fn closed(&self, conn: &Self::Conn) -> BoxFuture<'static, ()>;
 
+    /// Whether `conn`'s handshake resumed an earlier session (a TLS 1.3 ticket) rather than being a full one. The
+    /// default: never.
+    fn resumed(&self, conn: &Self::Conn) -> bool {
+        let _ = conn;
+        false
+    }
+
     /// Close `conn` (the device gave up on it or the fleet is closing).
     fn close(&self, conn: Self::Conn) {
         drop(conn);
     }
 
     /// Close `conn` politely, as the protocol says a client leaves (MQTT's DISCONNECT, a QUIC close with no
-    /// error); resolves when it is closed. The default is [`close`](Connector::close).
-    fn disconnect(&self, conn: Self::Conn) -> BoxFuture<'static, ()> {
+    /// error); resolves when it is closed, with an error if the server did not take its part (an MQTT broker that
+    /// did not close the connection after DISCONNECT): the connection is closed all the same. The default is
+    /// [`close`](Connector::close).
+    fn disconnect(&self, conn: Self::Conn) -> BoxFuture<'static, Result<(), TransportError>> {
         self.close(conn);
-        Box::pin(async {})
+        Box::pin(async { Ok(()) })
     }
 
     /// Called once when the fleet closes, after every device has stopped (e.g. to let an endpoint drain).
     fn shutdown(&self) -> BoxFuture<'_, ()> {
         Box::pin(async {})
     }
+
+    /// Subscribe `conn` to `channel` at `qos`; resolves with the server's answer, or an error if the connection
+    /// failed. The default: not supported.
+    fn subscribe(
+        &self,
+        conn: &Self::Conn,
+        channel: u32,
+        qos: QoS,
+    ) -> BoxFuture<'static, Result<SubAck, TransportError>> {
+        let _ = (conn, channel, qos);
+        Box::pin(async { Err(TransportError::Unsupported("publish/subscribe")) })
+    }
+
+    /// Publish `message` on `conn` (its payload is [`payload`]); `again` if it was sent on an earlier connection and
+    /// not acknowledged there (MQTT's DUP). Resolves when it is accepted: QoS 1 acknowledged by the server, QoS 0
+    /// written to the connection; an error if the connection failed first. The default: not supported.
+    fn publish(
+        &self,
+        conn: &Self::Conn,
+        message: &Publish,
+        again: bool,
+    ) -> BoxFuture<'static, Result<(), TransportError>> {
+        let _ = (conn, message, again);
+        Box::pin(async { Err(TransportError::Unsupported("publish/subscribe")) })
+    }
+
+    /// The messages `conn` will receive as a subscriber, taken once right after it connects (QoS 1 deliveries
+    /// already acknowledged to the server by the connection). The default: none.
+    fn deliveries(&self, conn: &mut Self::Conn) -> Option<Deliveries> {
+        let _ = conn;
+        None
+    }
 }
 
-/// Makes a transport's [`Connector`] from the server's address, the devices' credentials, their number and the
-/// counters to count into (a transport's constructor, such as `QuinnConnector::new`).
+/// Makes a transport's [`Connector`] from the server's address, the devices' credentials, the end of the fleet's
+/// device numbers (every device it is asked to connect is below it) and the counters to count into (a transport's
+/// constructor, such as `QuinnConnector::new`).
 pub trait MakeConnector<C>:
     FnOnce(SocketAddr, Arc<DeviceCredentials>, u32, Arc<Counters>) -> Result<C, TransportError>
 {
@@ -136,6 +191,12 @@ enum Command {
     Order(Order),
     Connect(oneshot::Sender<Result<(), TransportError>>),
     Disconnect(oneshot::Sender<Result<(), TransportError>>),
+    Subscribe {
+        channel: u32,
+        qos: QoS,
+        reply: oneshot::Sender<Result<(), TransportError>>,
+    },
+    Publish(Publish),
 }
 
 /// One device's mailbox.
@@ -146,8 +207,11 @@ struct Mailbox {
 }
 
 struct Shared {
+    /// The first device's number: device `d` has mailbox `d - first`.
+    first: u32,
     mailboxes: Box<[Mailbox]>,
     pending: AtomicUsize,
+    publishing: AtomicUsize,
     events: mpsc::UnboundedSender<LinkEvent>,
     counters: Arc<Counters>,
     policy: Policy,
@@ -171,17 +235,32 @@ impl<C: Connector> ConnFleet<C> {
         counters: Arc<Counters>,
         policy: Policy,
     ) -> Self {
+        Self::start_at(connector, 0, devices, events, counters, policy)
+    }
+
+    /// Start the tasks of devices `first..first + devices`, a slice of a run's devices (must be called inside a
+    /// tokio runtime). Devices keep their numbers: the connector, [`Fleet`] calls and events all use them.
+    pub fn start_at(
+        connector: C,
+        first: u32,
+        devices: u32,
+        events: mpsc::UnboundedSender<LinkEvent>,
+        counters: Arc<Counters>,
+        policy: Policy,
+    ) -> Self {
         let connector = Arc::new(connector);
         let shared = Arc::new(Shared {
+            first,
             mailboxes: (0..devices).map(|_| Mailbox::default()).collect(),
             pending: AtomicUsize::new(0),
+            publishing: AtomicUsize::new(0),
             events,
             counters,
             policy,
         });
         let (shutdown, _) = watch::channel(false);
         let mut tasks = JoinSet::new();
-        for device in 0..devices {
+        for device in first..first.saturating_add(devices) {
             let device_task = Device::new(device, connector.clone(), shared.clone());
             tasks.spawn(device_task.run(shutdown.subscribe()));
         }
@@ -194,21 +273,26 @@ impl<C: Connector> ConnFleet<C> {
     }
 
     /// The fleet a transport's [`Transport::fleet`](transport_core::Transport::fleet) returns for `config`: the devices'
-    /// credentials loaded from its identity directory (enough for its devices), a connector for them, the default
-    /// policy. Must be called inside a tokio runtime.
+    /// credentials loaded from its identity directory (enough for its devices, `config.first` included), a
+    /// connector for them, the default policy. Must be called inside a tokio runtime.
     pub fn from_config(
         config: FleetConfig,
         connector: impl MakeConnector<C>,
     ) -> Result<Box<dyn Fleet>, TransportError> {
-        let credentials = DeviceCredentials::load_for(&config.identity, config.devices)?;
+        let end = config
+            .first
+            .checked_add(config.devices)
+            .ok_or_else(|| TransportError::Config("device numbers overflow".into()))?;
+        let credentials = DeviceCredentials::load_for(&config.identity, end)?;
         let connector = connector(
             config.server,
             Arc::new(credentials),
-            config.devices,
+            end,
             config.counters.clone(),
         )?;
-        Ok(Box::new(Self::start(
+        Ok(Box::new(Self::start_at(
             connector,
+            config.first,
             config.devices,
             config.events,
             config.counters,
@@ -217,7 +301,7 @@ impl<C: Connector> ConnFleet<C> {
     }
 
     fn post(&self, device: u32, command: Command) -> Result<(), Command> {
-        let Some(mailbox) = self.shared.mailboxes.get(device as usize) else {
+        let Some(mailbox) = self.shared.mailbox(device) else {
             return Err(command);
         };
         mailbox
@@ -227,6 +311,14 @@ impl<C: Connector> ConnFleet<C> {
             .push(command);
         mailbox.notify.notify_one();
         Ok(())
+    }
+}
+
+impl Shared {
+    /// Device `device`'s mailbox, if the fleet has that device.
+    fn mailbox(&self, device: u32) -> Option<&Mailbox> {
+        let index = device.checked_sub(self.first)?;
+        self.mailboxes.get(index as usize)
     }
 }
 
@@ -271,6 +363,44 @@ impl<C: Connector> Fleet for ConnFleet<C> {
         self.shared.pending.load(Ordering::Relaxed)
     }
 
+    fn subscribe(
+        &self,
+        device: u32,
+        channel: u32,
+        qos: QoS,
+    ) -> BoxFuture<'_, Result<(), TransportError>> {
+        let (reply, rx) = oneshot::channel();
+        let posted = self.post(
+            device,
+            Command::Subscribe {
+                channel,
+                qos,
+                reply,
+            },
+        );
+        Box::pin(async move {
+            if posted.is_err() {
+                return Err(TransportError::Config(format!(
+                    "no device {device} in this fleet"
+                )));
+            }
+            rx.await
+                .unwrap_or_else(|_| Err(TransportError::Protocol("the fleet is closed".into())))
+        })
+    }
+
+    fn publish(&self, device: u32, message: Publish) {
+        // Counted before it is posted, so the device can never report it accepted before it is counted.
+        self.shared.publishing.fetch_add(1, Ordering::Relaxed);
+        if self.post(device, Command::Publish(message)).is_err() {
+            self.shared.publishing.fetch_sub(1, Ordering::Relaxed);
+        }
+    }
+
+    fn publishing(&self) -> usize {
+        self.shared.publishing.load(Ordering::Relaxed)
+    }
+
     fn close(&self) -> BoxFuture<'_, ()> {
         Box::pin(async move {
             let _ = self.shutdown.send(true);
@@ -282,14 +412,6 @@ impl<C: Connector> Fleet for ConnFleet<C> {
 }
 
 /// An order handed to a device and not yet answered.
-struct Outstanding {
-    order: Order,
-    /// The connection generation it was last sent on (0: never sent).
-    sent_on: u64,
-    /// When it was last sent (None: waiting for a connection).
-    sent_at: Option<Instant>,
-}
-
 type InFlight = BoxFuture<'static, (OrderId, u64, Result<Answer, TransportError>)>;
 
 /// The state of one device's task.
@@ -301,7 +423,8 @@ struct Device<C: Connector> {
     closed: Option<BoxFuture<'static, ()>>,
     /// Generation of the current (or last) connection; 0 before the first.
     generation: u64,
-    outstanding: Vec<Outstanding>,
+    /// Orders not yet answered.
+    outstanding: Orders,
     in_flight: FuturesUnordered<InFlight>,
     waiters: Vec<oneshot::Sender<Result<(), TransportError>>>,
     /// The wait before the next attempt if this one fails.
@@ -318,6 +441,10 @@ struct Device<C: Connector> {
     /// A link being closed on request, and who asked.
     leaving: Option<C::Conn>,
     goodbyes: Vec<oneshot::Sender<Result<(), TransportError>>>,
+    /// Subscriptions, messages to publish, deliveries.
+    pubsub: PubSub,
+    /// Deliveries taken from the connection, reported one by one.
+    batch: Vec<Delivery>,
 }
 
 impl<C: Connector> Device<C> {
@@ -330,7 +457,7 @@ impl<C: Connector> Device<C> {
             conn: None,
             closed: None,
             generation: 0,
-            outstanding: Vec::new(),
+            outstanding: Orders::default(),
             in_flight: FuturesUnordered::new(),
             waiters: Vec::new(),
             backoff,
@@ -340,12 +467,16 @@ impl<C: Connector> Device<C> {
             lost: false,
             leaving: None,
             goodbyes: Vec::new(),
+            pubsub: PubSub::default(),
+            batch: Vec::new(),
         }
     }
 
     async fn run(mut self, mut shutdown: watch::Receiver<bool>) {
         let shared = self.shared.clone();
-        let mailbox = &shared.mailboxes[self.device as usize];
+        let Some(mailbox) = shared.mailbox(self.device) else {
+            return; // not one of this fleet's devices (never: the fleet starts only its own)
+        };
         loop {
             if *shutdown.borrow() {
                 break;
@@ -355,15 +486,19 @@ impl<C: Connector> Device<C> {
                 // Closing on request: the old link says goodbye before anything else happens on this device.
                 let goodbye = match self.leaving.take() {
                     Some(conn) => self.connector.disconnect(conn),
-                    None => Box::pin(async {}),
+                    None => Box::pin(async { Ok(()) }),
                 };
-                tokio::select! {
+                let mut result = tokio::select! {
                     biased;
                     _ = shutdown.changed() => break,
-                    () = goodbye => {}
-                }
+                    r = goodbye => r,
+                };
                 for reply in self.goodbyes.drain(..) {
-                    let _ = reply.send(Ok(()));
+                    let this = match &result {
+                        Ok(()) => Ok(()),
+                        Err(e) => Err(TransportError::Protocol(e.to_string())),
+                    };
+                    let _ = reply.send(std::mem::replace(&mut result, this));
                 }
                 continue;
             }
@@ -394,6 +529,16 @@ impl<C: Connector> Device<C> {
                 Some((id, generation, result)) = self.in_flight.next(), if !self.in_flight.is_empty() => {
                     self.answered(id, generation, result);
                 }
+                Some((channel, generation, result)) = self.pubsub.confirming.next(),
+                    if !self.pubsub.confirming.is_empty() => self.confirmed(channel, generation, result),
+                Some((id, generation, result)) = self.pubsub.accepting.next(),
+                    if !self.pubsub.accepting.is_empty() => self.accepted(id, generation, result),
+                more = pubsub::next_deliveries(&mut self.pubsub.deliveries, &mut self.batch) => {
+                    if !more {
+                        self.pubsub.deliveries = None;
+                    }
+                    self.report_deliveries();
+                }
                 _ = mailbox.notify.notified() => {}
                 _ = wait_for(&mut self.closed) => self.drop_connection(),
                 _ = sleep_until(wake) => {
@@ -415,6 +560,7 @@ impl<C: Connector> Device<C> {
         for waiter in self.waiters.drain(..).chain(self.goodbyes.drain(..)) {
             let _ = waiter.send(Err(TransportError::Protocol("the fleet is closed".into())));
         }
+        self.pubsub.fail_waiters("the fleet is closed");
     }
 
     fn take_commands(&mut self, mailbox: &Mailbox) {
@@ -424,11 +570,10 @@ impl<C: Connector> Device<C> {
             match command {
                 Command::Order(order) => {
                     self.keep = true;
-                    self.outstanding.push(Outstanding {
-                        order,
-                        sent_on: 0,
-                        sent_at: None,
-                    })
+                    if !self.outstanding.push(order) {
+                        // Its id is unanswered already: one order, counted once.
+                        self.shared.pending.fetch_sub(1, Ordering::Relaxed);
+                    }
                 }
                 Command::Connect(reply) if self.conn.is_some() => {
                     let _ = reply.send(Ok(()));
@@ -441,6 +586,21 @@ impl<C: Connector> Device<C> {
                     self.forget();
                     self.goodbyes.push(reply);
                 }
+                Command::Subscribe {
+                    channel,
+                    qos,
+                    reply,
+                } => {
+                    self.keep = true;
+                    self.pubsub.subscribe(channel, qos, reply);
+                }
+                Command::Publish(message) => {
+                    self.keep = true;
+                    if !self.pubsub.publish(message) {
+                        // Its id is outstanding already: one message, counted once.
+                        self.shared.publishing.fetch_sub(1, Ordering::Relaxed);
+                    }
+                }
             }
         }
     }
@@ -448,10 +608,13 @@ impl<C: Connector> Device<C> {
     /// Asked to disconnect: give up the link and everything not yet answered, as a device that leaves does. The
     /// commands after this one apply to a new link.
     fn forget(&mut self) {
-        let abandoned = self.outstanding.len();
-        self.outstanding.clear();
+        let abandoned = self.outstanding.clear();
         self.in_flight = FuturesUnordered::new();
         self.shared.pending.fetch_sub(abandoned, Ordering::Relaxed);
+        let unpublished = self.pubsub.forget();
+        self.shared
+            .publishing
+            .fetch_sub(unpublished, Ordering::Relaxed);
         for waiter in self.waiters.drain(..) {
             let _ = waiter.send(Err(TransportError::Protocol(
                 "disconnected on request".into(),
@@ -481,9 +644,13 @@ impl<C: Connector> Device<C> {
             )),
         };
         match result {
-            Ok(conn) => {
+            Ok(mut conn) => {
+                self.pubsub.deliveries = self.connector.deliveries(&mut conn);
                 let counters = &self.shared.counters;
                 Counters::inc(&counters.handshakes);
+                if self.connector.resumed(&conn) {
+                    Counters::inc(&counters.resumed);
+                }
                 if self.lost {
                     Counters::inc(&counters.reconnects);
                 }
@@ -518,21 +685,77 @@ impl<C: Connector> Device<C> {
     /// Send every order not yet sent on the current connection.
     fn send_unsent(&mut self) {
         let Some(conn) = &self.conn else { return };
-        let now = Instant::now();
-        for o in self
-            .outstanding
-            .iter_mut()
-            .filter(|o| o.sent_on != self.generation)
-        {
-            if o.sent_on != 0 {
-                Counters::inc(&self.shared.counters.resent_reconnect);
+        let generation = self.generation;
+        let (connector, counters, in_flight) =
+            (&self.connector, &self.shared.counters, &mut self.in_flight);
+        self.outstanding
+            .send_unsent(generation, Instant::now(), |order, again| {
+                if again {
+                    Counters::inc(&counters.resent_reconnect);
+                }
+                let id = order.id;
+                let answer = connector.send_order(conn, order);
+                in_flight.push(Box::pin(async move { (id, generation, answer.await) }));
+            });
+        self.pubsub.send_unsent(
+            &*self.connector,
+            conn,
+            self.generation,
+            &self.shared.counters,
+        );
+    }
+
+    /// Whether `generation` is the live connection's.
+    fn is_current(&self, generation: u64) -> bool {
+        generation == self.generation && self.conn.is_some()
+    }
+
+    /// The connection has answered something: it works.
+    fn proven(&mut self) {
+        self.proven = true;
+        self.backoff = self.shared.policy.backoff_min;
+    }
+
+    fn confirmed(&mut self, channel: u32, generation: u64, result: Result<SubAck, TransportError>) {
+        match self.pubsub.confirmed(channel, result) {
+            Confirmed::Granted if self.is_current(generation) => self.proven(),
+            Confirmed::Failed if self.is_current(generation) => self.drop_connection(),
+            _ => {}
+        }
+    }
+
+    fn accepted(&mut self, id: u64, generation: u64, result: Result<(), TransportError>) {
+        match self.pubsub.accepted(id, &result) {
+            Acceptance::Accepted(qos) => {
+                self.shared.publishing.fetch_sub(1, Ordering::Relaxed);
+                let _ = self.shared.events.send(LinkEvent::Accepted {
+                    device: self.device,
+                    id,
+                    at: std::time::Instant::now(),
+                });
+                // A QoS 1 acknowledgement proves the connection; a QoS 0 write does not (nothing came back).
+                if qos == QoS::AtLeastOnce && self.is_current(generation) {
+                    self.proven();
+                }
             }
-            o.sent_on = self.generation;
-            o.sent_at = Some(now);
-            let (id, generation) = (o.order.id, self.generation);
-            let answer = self.connector.send_order(conn, &o.order);
-            self.in_flight
-                .push(Box::pin(async move { (id, generation, answer.await) }));
+            Acceptance::Abandoned => {
+                self.shared.publishing.fetch_sub(1, Ordering::Relaxed);
+            }
+            Acceptance::Failed if self.is_current(generation) => self.drop_connection(),
+            Acceptance::Failed | Acceptance::Ignored => {}
+        }
+    }
+
+    /// Report the deliveries taken from the connection, each message once.
+    fn report_deliveries(&mut self) {
+        for delivery in std::mem::take(&mut self.batch) {
+            if self.pubsub.is_new(&delivery) {
+                let _ = self.shared.events.send(LinkEvent::Delivered {
+                    device: self.device,
+                    id: delivery.id,
+                    at: delivery.at,
+                });
+            }
         }
     }
 
@@ -555,14 +778,12 @@ impl<C: Connector> Device<C> {
             }
             return;
         }
-        if generation == self.generation && self.conn.is_some() {
-            self.proven = true;
-            self.backoff = self.shared.policy.backoff_min;
+        if self.is_current(generation) {
+            self.proven();
         }
-        let Some(at) = self.outstanding.iter().position(|o| o.order.id == id) else {
+        if !self.outstanding.remove(&id) {
             return; // already reported
-        };
-        self.outstanding.swap_remove(at);
+        }
         self.shared.pending.fetch_sub(1, Ordering::Relaxed);
         if stored {
             let _ = self.shared.events.send(LinkEvent::Stored {
@@ -577,18 +798,14 @@ impl<C: Connector> Device<C> {
     /// answered once, the connect timeout applies instead of the answer timeout: the client's side of a TLS 1.3
     /// handshake finishes before the server's does, and the server may still be working through a crowd of
     /// handshakes; abandoning such a connection after 1 s would only add another handshake to the crowd.
-    fn next_deadline(&self) -> Option<Instant> {
+    fn next_deadline(&mut self) -> Option<Instant> {
         let policy = &self.shared.policy;
         let wait = if self.proven {
             policy.answer_timeout
         } else {
             policy.connect_timeout
         };
-        self.outstanding
-            .iter()
-            .filter_map(|o| o.sent_at)
-            .min()
-            .map(|t| t + wait)
+        self.outstanding.oldest_sent().map(|t| t + wait)
     }
 
     /// Wait before the next attempt, longer after each failure.
@@ -601,6 +818,17 @@ impl<C: Connector> Device<C> {
     /// worked, after the back-off if it never answered anything.
     fn drop_connection(&mut self) {
         self.closed = None;
+        // What the connection read before it went is still delivered.
+        if let Some(mut rx) = self.pubsub.deliveries.take() {
+            while let Ok(d) = rx.try_recv() {
+                self.batch.push(d);
+            }
+            self.report_deliveries();
+        }
+        let discarded = self.pubsub.connection_lost();
+        self.shared
+            .publishing
+            .fetch_sub(discarded, Ordering::Relaxed);
         if let Some(conn) = self.conn.take() {
             self.connector.close(conn);
             self.lost = true;
@@ -612,9 +840,7 @@ impl<C: Connector> Device<C> {
                 self.back_off();
             }
         }
-        for o in &mut self.outstanding {
-            o.sent_at = None;
-        }
+        self.outstanding.connection_dropped();
     }
 }
 
@@ -633,276 +859,4 @@ async fn sleep_until(at: Option<Instant>) {
 }
 
 #[cfg(test)]
-mod tests {
-    use super::*;
-    use std::collections::HashMap;
-    use std::sync::atomic::AtomicBool;
-
-    /// A connector to an in-memory server that can be made to stall, fail connections, or break connections.
-    #[derive(Default)]
-    struct Fake {
-        /// Generation of the "server": connections from an older one are dead.
-        server_gen: AtomicUsize,
-        /// Refuse connection attempts.
-        down: AtomicBool,
-        /// Swallow orders (never answer) while set.
-        stall: AtomicBool,
-        /// Complete connections that are closed at once (a certificate refused after the client's handshake).
-        refuse_after_connect: AtomicBool,
-        attempts: AtomicUsize,
-        stored: Mutex<HashMap<OrderId, usize>>,
-    }
-
-    struct FakeConn {
-        server_gen: usize,
-        fake: Arc<Fake>,
-    }
-
-    struct FakeConnector(Arc<Fake>);
-
-    impl Connector for FakeConnector {
-        type Conn = FakeConn;
-
-        fn connect(&self, _device: u32) -> BoxFuture<'_, Result<FakeConn, TransportError>> {
-            Box::pin(async move {
-                self.0.attempts.fetch_add(1, Ordering::Relaxed);
-                if self.0.down.load(Ordering::Relaxed) {
-                    return Err(TransportError::Protocol("refused".into()));
-                }
-                let server_gen = if self.0.refuse_after_connect.load(Ordering::Relaxed) {
-                    usize::MAX
-                } else {
-                    self.0.server_gen.load(Ordering::Relaxed)
-                };
-                Ok(FakeConn {
-                    server_gen,
-                    fake: self.0.clone(),
-                })
-            })
-        }
-
-        fn send_order(
-            &self,
-            conn: &FakeConn,
-            order: &Order,
-        ) -> BoxFuture<'static, Result<Answer, TransportError>> {
-            let (fake, gen, id) = (conn.fake.clone(), conn.server_gen, order.id);
-            Box::pin(async move {
-                tokio::task::yield_now().await;
-                if fake.stall.load(Ordering::Relaxed)
-                    || gen != fake.server_gen.load(Ordering::Relaxed)
-                {
-                    return std::future::pending().await;
-                }
-                *fake.stored.lock().unwrap().entry(id).or_default() += 1;
-                if id.sender == 666 {
-                    return Ok(Answer::Refused(id));
-                }
-                Ok(Answer::Stored(id))
-            })
-        }
-
-        fn closed(&self, conn: &FakeConn) -> BoxFuture<'static, ()> {
-            let (fake, gen) = (conn.fake.clone(), conn.server_gen);
-            Box::pin(async move {
-                while fake.server_gen.load(Ordering::Relaxed) == gen {
-                    tokio::time::sleep(Duration::from_millis(5)).await;
-                }
-            })
-        }
-    }
-
-    fn order(sender: u64, seq: u64) -> Order {
-        Order {
-            id: OrderId {
-                sender,
-                run: 1,
-                seq,
-            },
-            made_us: 0,
-            payload: vec![1, 2, 3],
-        }
-    }
-
-    async fn stored_events(rx: &mut mpsc::UnboundedReceiver<LinkEvent>, n: usize) -> Vec<OrderId> {
-        let mut ids = Vec::new();
-        while ids.len() < n {
-            match tokio::time::timeout(Duration::from_secs(30), rx.recv()).await {
-                Ok(Some(LinkEvent::Stored { id, .. })) => ids.push(id),
-                Ok(Some(_)) => {}
-                _ => panic!("missing events: got {} of {n}", ids.len()),
-            }
-        }
-        ids
-    }
-
-    fn fleet(
-        fake: &Arc<Fake>,
-        devices: u32,
-    ) -> (ConnFleet<FakeConnector>, mpsc::UnboundedReceiver<LinkEvent>) {
-        let (tx, rx) = mpsc::unbounded_channel();
-        let fleet = ConnFleet::start(
-            FakeConnector(fake.clone()),
-            devices,
-            tx,
-            Arc::new(Counters::default()),
-            Policy::default(),
-        );
-        (fleet, rx)
-    }
-
-    #[tokio::test(start_paused = true)]
-    async fn orders_are_stored_once_and_connections_reused() {
-        let fake = Arc::new(Fake::default());
-        let (fleet, mut rx) = fleet(&fake, 3);
-        fleet.connect(1).await.unwrap();
-        for seq in 0..5 {
-            for dev in 0..3 {
-                fleet.send(dev, order(u64::from(dev), seq));
-            }
-        }
-        let ids = stored_events(&mut rx, 15).await;
-        assert_eq!(ids.len(), 15);
-        assert_eq!(fleet.pending(), 0);
-        let c = fleet.shared.counters.snapshot();
-        assert_eq!((c.handshakes, c.reconnects, c.resent_reconnect), (3, 0, 0));
-        assert_eq!(fake.attempts.load(Ordering::Relaxed), 3);
-        fleet.send(99, order(99, 0)); // no such device: ignored
-        assert_eq!(fleet.pending(), 0);
-        assert!(fleet.connect(99).await.is_err());
-        fleet.close().await;
-    }
-
-    #[tokio::test(start_paused = true)]
-    async fn an_unanswered_order_goes_again_on_a_new_connection() {
-        let fake = Arc::new(Fake::default());
-        let (fleet, mut rx) = fleet(&fake, 1);
-        fleet.send(0, order(0, 0));
-        stored_events(&mut rx, 1).await;
-        // The connection has answered before; now it stalls: after 1 s the order goes again on a new one.
-        fake.stall.store(true, Ordering::Relaxed);
-        fleet.send(0, order(0, 1));
-        tokio::time::sleep(Duration::from_millis(900)).await;
-        assert_eq!(fleet.shared.counters.snapshot().reconnects, 0);
-        tokio::time::sleep(Duration::from_millis(200)).await;
-        let c = fleet.shared.counters.snapshot();
-        assert_eq!((c.reconnects, c.resent_reconnect), (1, 1), "{c:?}");
-        assert_eq!(fleet.pending(), 1);
-        fake.stall.store(false, Ordering::Relaxed);
-        // The new connection has not answered yet, so it gets the connect timeout (10 s) rather than 1 s; the
-        // order, sent on it while stalled, goes again on a third connection after that.
-        tokio::time::sleep(Duration::from_secs(5)).await;
-        assert_eq!(fleet.shared.counters.snapshot().reconnects, 1);
-        assert_eq!(stored_events(&mut rx, 1).await, vec![order(0, 1).id]);
-        let c = fleet.shared.counters.snapshot();
-        assert_eq!(
-            (c.handshakes, c.reconnects, c.resent_reconnect),
-            (3, 2, 2),
-            "{c:?}"
-        );
-        assert_eq!(fleet.pending(), 0);
-        fleet.close().await;
-    }
-
-    #[tokio::test(start_paused = true)]
-    async fn a_restarted_server_gets_every_order_again_and_each_is_reported_once() {
-        let fake = Arc::new(Fake::default());
-        let (fleet, mut rx) = fleet(&fake, 4);
-        for dev in 0..4 {
-            fleet.send(dev, order(u64::from(dev), 0));
-        }
-        stored_events(&mut rx, 4).await;
-        // The server dies: connections break, nothing is answered, attempts fail for a while.
-        fake.down.store(true, Ordering::Relaxed);
-        fake.server_gen.fetch_add(1, Ordering::Relaxed);
-        for dev in 0..4 {
-            fleet.send(dev, order(u64::from(dev), 1));
-        }
-        tokio::time::sleep(Duration::from_secs(3)).await;
-        let attempts = fake.attempts.load(Ordering::Relaxed);
-        // Back-off: 3 s of failures cost each device about 100+200+400+800+1000 ms worth of attempts, not hundreds.
-        assert!(attempts < 4 * 10, "{attempts} attempts");
-        fake.down.store(false, Ordering::Relaxed);
-        let ids = stored_events(&mut rx, 4).await;
-        assert!(ids.iter().all(|id| id.seq == 1));
-        assert_eq!(fleet.pending(), 0);
-        let c = fleet.shared.counters.snapshot();
-        assert_eq!(c.reconnects, 4);
-        // No Stored event twice, even though the fake may have stored some orders twice.
-        tokio::time::sleep(Duration::from_secs(5)).await;
-        while let Ok(event) = rx.try_recv() {
-            assert!(
-                matches!(event, LinkEvent::Connected { .. } | LinkEvent::Lost { .. }),
-                "{event:?}"
-            );
-        }
-        fleet.close().await;
-    }
-
-    #[tokio::test(start_paused = true)]
-    async fn a_link_closed_on_request_stays_closed_until_asked_again() {
-        let fake = Arc::new(Fake::default());
-        let (fleet, mut rx) = fleet(&fake, 1);
-        fleet.connect(0).await.unwrap();
-        fleet.send(0, order(0, 0));
-        stored_events(&mut rx, 1).await;
-        // An order handed over and then abandoned by the disconnect is no longer pending.
-        fake.stall.store(true, Ordering::Relaxed);
-        fleet.send(0, order(0, 1));
-        fleet.disconnect(0).await.unwrap();
-        assert_eq!(fleet.pending(), 0);
-        fake.stall.store(false, Ordering::Relaxed);
-        // Nothing reconnects on its own: a closed link is not a lost one.
-        tokio::time::sleep(Duration::from_secs(5)).await;
-        assert_eq!(fake.attempts.load(Ordering::Relaxed), 1);
-        // Asked again, the device opens a new link with a new handshake, which is not a reconnect.
-        fleet.connect(0).await.unwrap();
-        fleet.send(0, order(0, 2));
-        assert_eq!(stored_events(&mut rx, 1).await, vec![order(0, 2).id]);
-        let c = fleet.shared.counters.snapshot();
-        assert_eq!(
-            (c.handshakes, c.reconnects, c.resent_reconnect),
-            (2, 0, 0),
-            "{c:?}"
-        );
-        assert!(fleet.disconnect(7).await.is_err());
-        fleet.close().await;
-    }
-
-    #[tokio::test(start_paused = true)]
-    async fn refused_orders_are_not_pending_and_not_reported() {
-        let fake = Arc::new(Fake::default());
-        let (fleet, mut rx) = fleet(&fake, 1);
-        fleet.send(0, order(666, 0));
-        fleet.send(0, order(0, 1));
-        assert_eq!(stored_events(&mut rx, 1).await, vec![order(0, 1).id]);
-        tokio::time::sleep(Duration::from_millis(10)).await;
-        assert_eq!(fleet.pending(), 0);
-        fleet.close().await;
-    }
-
-    #[tokio::test(start_paused = true)]
-    async fn connections_closed_before_any_answer_are_retried_with_back_off() {
-        let fake = Arc::new(Fake::default());
-        fake.refuse_after_connect.store(true, Ordering::Relaxed);
-        let (fleet, _rx) = fleet(&fake, 1);
-        fleet.send(0, order(0, 0));
-        tokio::time::sleep(Duration::from_secs(3)).await;
-        let attempts = fake.attempts.load(Ordering::Relaxed);
-        assert!((2..10).contains(&attempts), "{attempts} attempts");
-        assert_eq!(fleet.pending(), 1);
-        fleet.close().await;
-    }
-
-    #[tokio::test(start_paused = true)]
-    async fn close_stops_devices_even_while_connecting() {
-        let fake = Arc::new(Fake::default());
-        fake.down.store(true, Ordering::Relaxed);
-        let (fleet, _rx) = fleet(&fake, 2);
-        fleet.send(0, order(0, 0));
-        assert!(fleet.connect(1).await.is_err());
-        tokio::time::timeout(Duration::from_secs(5), fleet.close())
-            .await
-            .unwrap();
-    }
-}
+mod tests;

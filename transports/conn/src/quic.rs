@@ -5,11 +5,17 @@
 //! frame and finishes ([`answer_order`]), or resets the stream with one of the [`codes`]; the device reads the answer
 //! with [`read_answer`]. The device's identity is its certificate's common name, and each order's sender must be it.
 //!
+//! The same connections carry publish/subscribe ([`crate::relay`]): a stream whose first frame is a relay frame is
+//! a subscription or the device's publish stream. [`serve_stream`] reads a stream's first frame and serves it as
+//! what it is.
+//!
 //! A server ([`serve`]) serves every connection in a task of its own ([`spawn_each`]) and every stream of a
 //! connection in that connection's task ([`serve_each`]). What stays in each transport is its library's API:
-//! endpoints, handshakes, how a stream is finished or reset.
+//! endpoints, handshakes, how a stream is opened, finished or reset.
 
 use crate::fleet::Answer;
+use crate::relay::wire::{self, First};
+use crate::relay::{RelayLimits, RelayServer};
 use bytes::BytesMut;
 use futures::stream::{FuturesUnordered, Stream, StreamExt};
 use std::future::Future;
@@ -18,7 +24,7 @@ use std::pin::{pin, Pin};
 use std::sync::Arc;
 use std::task::{Context, Poll};
 use std::time::Duration;
-use tokio::io::{AsyncRead, AsyncWrite, AsyncWriteExt};
+use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
 use transport_core::commit::{CommitError, OrderStore, SharedStore};
 use transport_core::framing::{self, Frame, FrameError};
 use transport_core::{
@@ -40,13 +46,18 @@ pub const CLIENT_SOCKET_BUFFER: usize = 64 << 20;
 /// regularly never send a PING, and well under the 30 s idle timeout so idle links stay open.
 pub const KEEP_ALIVE: Duration = Duration::from_secs(10);
 
+/// The longest a server lets a handshake take before it gives up on the peer (a QUIC Initial and then silence):
+/// s2n-quic's own default, and what the quinn server applies itself (quinn would otherwise wait for its 30 s idle
+/// timeout). A handshake given up is counted in `timed_out`.
+pub const HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(10);
+
 /// What both QUIC transports can do.
 pub fn capabilities() -> Capabilities {
     Capabilities {
         stored_answers: Support::Yes,
         handshakes: Support::Yes,
         disconnect: Support::Yes,
-        pubsub: Support::No("the QUIC servers do not relay published messages yet"),
+        pubsub: Support::Yes,
         memory: MemorySource::Rss,
     }
 }
@@ -76,10 +87,12 @@ pub enum Served {
     StoreFailed,
 }
 
-/// The server's work on one stream of the device `sender` (its certificate's identity, as [`transport_core::sender_id`]):
-/// one order frame in from `recv`; the order refused if its sender is not `sender` (`refused_unknown`); else
-/// committed to `store`; then one answer frame out to `send`. An order the store can never hold (its payload too
-/// large for a record) is refused (`refused_malformed`) rather than failed, so it is not sent again forever.
+/// The server's work on one order stream of the device `sender` (its certificate's identity, as
+/// [`transport_core::sender_id`]): one order frame in from `recv` (a stream that is not one is reset:
+/// `refused_malformed`, or `refused_oversized` for a length prefix over the maximum), answered on `send`
+/// ([`answer_and_write`]): the order refused if its sender is not `sender` (`refused_unknown`); else committed to the
+/// store; then one answer frame out. An order the store can never hold (its payload too large for a record) is
+/// refused (`refused_malformed`) rather than failed, so it is not sent again forever.
 pub async fn answer_order<R, W>(
     recv: &mut R,
     send: &mut W,
@@ -95,11 +108,31 @@ where
     let order = match framing::read_frame(recv, &mut buf).await {
         Ok(Some(Frame::Order(order))) => order,
         Ok(None) | Err(FrameError::Io(_)) => return Served::Gone,
+        // Refused from its length prefix, before any of its body is read.
+        Err(FrameError::Oversized { .. }) => {
+            Counters::inc(&counters.refused_oversized);
+            return Served::Malformed;
+        }
         Ok(Some(_)) | Err(_) => {
             Counters::inc(&counters.refused_malformed);
             return Served::Malformed;
         }
     };
+    answer_and_write(order, send, sender, store, counters, buf).await
+}
+
+/// One order of the device `sender` (its certificate's identity, as [`transport_core::sender_id`]) answered on
+/// `send`: refused if its sender is not `sender` (`refused_unknown`); else committed to `store`; then one answer
+/// frame out. An order the store can never hold (its payload too large for a record) is refused
+/// (`refused_malformed`) rather than failed, so it is not sent again forever.
+async fn answer_and_write<W: AsyncWrite + Unpin>(
+    order: Order,
+    send: &mut W,
+    sender: u64,
+    store: &dyn OrderStore,
+    counters: &Counters,
+    mut buf: BytesMut,
+) -> Served {
     let Some(answer) = answer(order, sender, store, counters).await else {
         return Served::StoreFailed;
     };
@@ -108,6 +141,84 @@ where
     match send.write_all(&buf).await {
         Ok(()) => Served::Answered,
         Err(_) => Served::Gone,
+    }
+}
+
+/// What the streams of a QUIC server's connections share: the store, the counters, the relay.
+pub struct Serving {
+    /// Where orders are committed.
+    pub store: SharedStore,
+    /// Where the server counts.
+    pub counters: Arc<Counters>,
+    /// The publish/subscribe relay.
+    pub relay: RelayServer,
+}
+
+impl Serving {
+    /// What a server with `store` and `counters` shares, with the relay's default bounds.
+    pub fn new(store: SharedStore, counters: Arc<Counters>) -> Serving {
+        Serving {
+            store,
+            relay: RelayServer::new(RelayLimits::default(), counters.clone()),
+            counters,
+        }
+    }
+}
+
+/// Serve one stream the device `sender` opened, as its first frame says: an order stream ([`answer_order`]'s
+/// work), a subscription or the device's publish stream ([`crate::relay`]). Returns how to leave the stream.
+pub async fn serve_stream<R, W>(
+    recv: &mut R,
+    send: &mut W,
+    sender: u64,
+    serving: &Serving,
+) -> Served
+where
+    R: AsyncRead + Unpin,
+    W: AsyncWrite + Unpin,
+{
+    let counters = &*serving.counters;
+    let mut buf = BytesMut::with_capacity(256);
+    let first = loop {
+        match wire::decode_first(&mut buf) {
+            Ok(Some(first)) => break first,
+            Ok(None) => {}
+            Err(_) => {
+                Counters::inc(&counters.refused_malformed);
+                return Served::Malformed;
+            }
+        }
+        if buf.capacity() - buf.len() < 512 {
+            buf.reserve(4096);
+        }
+        match recv.read_buf(&mut buf).await {
+            Ok(0) | Err(_) => return Served::Gone,
+            Ok(_) => {}
+        }
+    };
+    match first {
+        First::Order(order) => {
+            answer_and_write(order, send, sender, serving.store.as_ref(), counters, buf).await
+        }
+        First::Relay(wire::Frame::Subscribe { channel, qos }) => {
+            crate::relay::server::subscription(
+                recv,
+                send,
+                sender,
+                channel,
+                qos,
+                buf,
+                &serving.relay,
+            )
+            .await
+        }
+        First::Relay(publish @ wire::Frame::Publish { .. }) => {
+            crate::relay::server::publishing(recv, send, publish, buf, &serving.relay).await
+        }
+        First::Relay(_) => {
+            Counters::inc(&counters.refused_malformed);
+            Served::Malformed
+        }
     }
 }
 
@@ -154,12 +265,12 @@ pub async fn read_answer<R: AsyncRead + Unpin>(recv: &mut R) -> Result<Answer, T
 
 /// A QUIC server's run: `start` binds the endpoint (on `config.listen`) and returns its address and the connections
 /// it accepts; the server is reported ready with that address and its certificate's fingerprint; then every
-/// connection is served by `connection` (with the store and counters) in a task of its own ([`spawn_each`]) until
-/// the endpoint stops accepting.
+/// connection is served by `connection` (with what the streams share: store, counters, relay) in a task of its own
+/// ([`spawn_each`]) until the endpoint stops accepting.
 pub async fn serve<T, S, F>(
     config: ServeConfig,
     start: impl FnOnce(&ServeConfig) -> Result<(SocketAddr, S), TransportError>,
-    connection: impl Fn(T, SharedStore, Arc<Counters>) -> F,
+    connection: impl Fn(T, Arc<Serving>) -> F,
 ) -> Result<(), TransportError>
 where
     S: Stream<Item = T>,
@@ -167,11 +278,9 @@ where
 {
     let public_key = tls::server_fingerprint(&config.identity)?;
     let (addr, incoming) = start(&config)?;
+    let serving = Arc::new(Serving::new(config.store.clone(), config.counters.clone()));
     let _ = config.ready.send(Ready::new(addr, public_key));
-    spawn_each(incoming, |conn| {
-        connection(conn, config.store.clone(), config.counters.clone())
-    })
-    .await;
+    spawn_each(incoming, |conn| connection(conn, serving.clone())).await;
     Ok(())
 }
 
@@ -226,6 +335,7 @@ mod tests {
     use super::*;
     use crate::testing::order;
     use std::sync::atomic::{AtomicUsize, Ordering};
+    use transport_core::QoS;
     use transport_store::{Store, StoreHandle, SyncPolicy};
 
     /// One stream's exchange over an in-memory pipe: the answer step on one end, the device's bytes on the other.
@@ -284,14 +394,22 @@ mod tests {
         framing::encode_stored(&fine.id, &mut stored);
         let (served, _) = exchange(&stored, 7, &store, &counters).await;
         assert_eq!(served, Served::Malformed);
+        // A length prefix over the maximum: refused unread, as oversized.
+        let (served, _) = exchange(&u32::MAX.to_be_bytes(), 7, &store, &counters).await;
+        assert_eq!(served, Served::Malformed);
         // Nothing at all: the device went away.
         let (served, _) = exchange(&[], 7, &store, &counters).await;
         assert_eq!(served, Served::Gone);
 
         let c = counters.snapshot();
         assert_eq!(
-            (c.received, c.refused_unknown, c.refused_malformed),
-            (4, 1, 3)
+            (
+                c.received,
+                c.refused_unknown,
+                c.refused_malformed,
+                c.refused_oversized
+            ),
+            (4, 1, 3, 1)
         );
         store.close().await;
     }
@@ -325,5 +443,116 @@ mod tests {
         })
         .await;
         assert!(rx.await.is_err());
+    }
+
+    #[tokio::test]
+    async fn streams_are_served_as_their_first_frame_says() {
+        use crate::relay::wire::{self, Frame};
+        use tokio::io::AsyncReadExt;
+        let dir = tempfile::tempdir().unwrap();
+        let (store, _) = Store::open(dir.path(), SyncPolicy::None).unwrap();
+        let counters = Arc::new(Counters::default());
+        let serving = Arc::new(Serving::new(
+            Arc::new(StoreHandle::spawn(store)),
+            counters.clone(),
+        ));
+        let serve = |device: u64| {
+            let (server, client) = tokio::io::duplex(1 << 16);
+            let serving = serving.clone();
+            let task = tokio::spawn(async move {
+                let (mut recv, mut send) = tokio::io::split(server);
+                serve_stream(&mut recv, &mut send, device, &serving).await
+            });
+            (client, task)
+        };
+        let frame = |f: Frame| {
+            let mut b = BytesMut::new();
+            wire::encode(&f, &mut b);
+            b
+        };
+        async fn next(io: &mut tokio::io::DuplexStream, buf: &mut BytesMut) -> Frame {
+            loop {
+                if let Some(f) = wire::decode(buf).unwrap() {
+                    return f;
+                }
+                assert!(io.read_buf(buf).await.unwrap() > 0);
+            }
+        }
+        // A subscription of device 2 at QoS 1.
+        let (mut sub, sub_task) = serve(2);
+        sub.write_all(&frame(Frame::Subscribe {
+            channel: 5,
+            qos: QoS::AtLeastOnce,
+        }))
+        .await
+        .unwrap();
+        let mut sub_buf = BytesMut::new();
+        assert_eq!(
+            next(&mut sub, &mut sub_buf).await,
+            Frame::Subscribed {
+                channel: 5,
+                granted: Some(QoS::AtLeastOnce)
+            }
+        );
+        // Device 1's publish stream: a QoS 1 message is answered, a QoS 0 one not.
+        let (mut publ, pub_task) = serve(1);
+        let payload = |id: u64| bytes::Bytes::copy_from_slice(&id.to_be_bytes());
+        let mut two = frame(Frame::Publish {
+            qos: QoS::AtLeastOnce,
+            channel: 5,
+            id: 9,
+            payload: payload(9),
+        });
+        two.extend_from_slice(&frame(Frame::Publish {
+            qos: QoS::AtMostOnce,
+            channel: 5,
+            id: 10,
+            payload: payload(10),
+        }));
+        publ.write_all(&two).await.unwrap();
+        let mut pub_buf = BytesMut::new();
+        assert_eq!(
+            next(&mut publ, &mut pub_buf).await,
+            Frame::Accepted { id: 9 }
+        );
+        assert_eq!(
+            next(&mut sub, &mut sub_buf).await,
+            Frame::Deliver1 {
+                seq: 1,
+                payload: payload(9)
+            }
+        );
+        assert_eq!(
+            next(&mut sub, &mut sub_buf).await,
+            Frame::Deliver0 {
+                payload: payload(10)
+            }
+        );
+        // The subscriber acknowledges and leaves; the publisher sends a frame a publish stream may not carry.
+        sub.write_all(&frame(Frame::Ack { seq: 1 })).await.unwrap();
+        sub.shutdown().await.unwrap();
+        assert_eq!(sub_task.await.unwrap(), Served::Answered);
+        publ.write_all(&frame(Frame::Ack { seq: 1 })).await.unwrap();
+        assert_eq!(pub_task.await.unwrap(), Served::Malformed);
+        // A stream that opens with a delivery, or with garbage, is malformed; one that ends at once is gone.
+        for bytes in [
+            frame(Frame::Deliver0 {
+                payload: payload(1),
+            }),
+            BytesMut::from(&[0, 0, 0, 1, 0x7f][..]),
+        ] {
+            let (mut io, task) = serve(1);
+            io.write_all(&bytes).await.unwrap();
+            assert_eq!(task.await.unwrap(), Served::Malformed);
+        }
+        let (io, task) = serve(1);
+        drop(io);
+        assert_eq!(task.await.unwrap(), Served::Gone);
+        let c = counters.snapshot();
+        assert_eq!(
+            (c.received, c.refused_malformed, c.dropped),
+            (2, 3, 0),
+            "{c:?}"
+        );
     }
 }

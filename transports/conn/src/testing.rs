@@ -4,7 +4,7 @@
 //! [`Server`] runs the transport's server with a real store on a thread and current-thread runtime of its own (as
 //! `runner serve --server-threads 1` would), and is "killed" by dropping that runtime without running it again, so
 //! nothing it had not sent already goes out: no CONNECTION_CLOSE, no answers. The checks ([`every_order_stored_once`],
-//! [`restart_loses_nothing`], [`foreign_devices_are_refused`], [`spoofed_and_oversized_orders_are_refused`]) assert
+//! [`restart_loses_nothing`], [`restart_resumes`], [`foreign_devices_are_refused`], [`spoofed_and_oversized_orders_are_refused`]) assert
 //! only hard invariants, never timings; what differs between transports (the asymmetric operations each counts)
 //! they return for the caller to check.
 
@@ -16,8 +16,8 @@ use std::sync::Arc;
 use std::time::Duration;
 use tokio::sync::{mpsc, oneshot};
 use transport_core::{
-    CounterSnapshot, Counters, Fleet, FleetConfig, LinkEvent, Order, OrderId, ServeConfig,
-    Transport,
+    CounterSnapshot, Counters, Fleet, FleetConfig, LinkEvent, Order, OrderId, Publish, QoS,
+    ServeConfig, Transport,
 };
 use transport_store::{self as store, Store, StoreHandle, SyncPolicy};
 use transport_tls::DeviceCredentials;
@@ -132,11 +132,27 @@ impl Harness {
         mpsc::UnboundedReceiver<LinkEvent>,
         Arc<Counters>,
     ) {
+        self.fleet_of(server, 0, devices).await
+    }
+
+    /// A fleet of devices `first..first + devices` of the transport (a slice of the prepared devices), talking to
+    /// `server`: the fleet, its events, its counters.
+    pub async fn fleet_of(
+        &self,
+        server: SocketAddr,
+        first: u32,
+        devices: u32,
+    ) -> (
+        Box<dyn Fleet>,
+        mpsc::UnboundedReceiver<LinkEvent>,
+        Arc<Counters>,
+    ) {
         let (events, rx) = mpsc::unbounded_channel();
         let counters = Arc::new(Counters::default());
         let config = FleetConfig {
             server,
             identity: self.identity.clone(),
+            first,
             devices,
             events,
             counters: counters.clone(),
@@ -322,11 +338,130 @@ pub async fn every_order_stored_once(
     (client_counts, server_counts)
 }
 
+/// One device opens `links` links one after another, each a new handshake with one order answered and then closed on
+/// request ([`Fleet::disconnect`]), as handshake-rate does: every close succeeds (the server took its part, e.g. an
+/// MQTT broker closed the connection after DISCONNECT), no link is lost or reopened on its own, and each link is one
+/// handshake on both sides. Returns the server's counts.
+pub async fn links_closed_on_request_are_new_handshakes_each(
+    h: &Harness,
+    links: u64,
+) -> CounterSnapshot {
+    let server = h.server(any_port());
+    let (fleet, mut rx, client) = h.fleet(server.addr, 1).await;
+    let mut made = Vec::new();
+    let mut seen = HashMap::new();
+    for seq in 0..links {
+        fleet.connect(0).await.unwrap();
+        let o = order(0, seq);
+        made.push(o.id);
+        fleet.send(0, o);
+        wait_stored(&mut rx, &made, &mut seen).await;
+        fleet.disconnect(0).await.unwrap();
+    }
+    // Closed links stay closed: nothing reconnects on its own.
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    while let Ok(event) = rx.try_recv() {
+        assert!(
+            !matches!(event, LinkEvent::Lost { .. } | LinkEvent::Connected { .. }),
+            "{event:?}"
+        );
+    }
+    let c = client.snapshot();
+    assert_eq!(
+        (c.handshakes, c.reconnects, c.resent_reconnect),
+        (links, 0, 0),
+        "{c:?}"
+    );
+    fleet.close().await;
+    let counts = server.kill().await;
+    if h.transport.capabilities().stored_answers.is_yes() {
+        assert_eq!(counts.handshakes, links, "{counts:?}");
+        let audit = store::audit(&h.store_dir, &made, &made).unwrap();
+        assert!(audit.is_clean() && audit.applied == links, "{audit:?}");
+    }
+    counts
+}
+
+/// A fleet of devices `first..first + devices` (a slice of the prepared devices, as one load-generator process
+/// runs) keeps their numbers: each device connects and stores an order with its own identity (a server refuses an
+/// order whose sender is not the link's identity), the answers come back to the same device numbers, and a device
+/// outside the slice is refused.
+pub async fn a_slice_keeps_device_numbers(h: &Harness, first: u32, devices: u32) {
+    let server = h.server(any_port());
+    let (fleet, mut rx, _) = h.fleet_of(server.addr, first, devices).await;
+    for outside in [first.wrapping_sub(1), first + devices] {
+        assert!(fleet.connect(outside).await.is_err(), "device {outside}");
+    }
+    let mut made = Vec::new();
+    for device in first..first + devices {
+        fleet.connect(device).await.unwrap();
+        let o = order(device, 0);
+        made.push(o.id);
+        fleet.send(device, o);
+    }
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(60);
+    let mut stored = HashSet::new();
+    while stored.len() < made.len() {
+        match tokio::time::timeout_at(deadline, rx.recv()).await {
+            Ok(Some(LinkEvent::Stored { device, id, .. })) => {
+                assert_eq!(id.sender, u64::from(device), "answer to another device");
+                assert!(stored.insert(id), "{id} reported twice");
+            }
+            Ok(Some(_)) => {}
+            _ => panic!("{} of {} orders stored", stored.len(), made.len()),
+        }
+    }
+    fleet.close().await;
+    server.kill().await;
+    let audit = store::audit(&h.store_dir, &made, &made).unwrap();
+    assert!(audit.is_clean(), "{audit:?}");
+    assert_eq!(audit.applied, made.len() as u64);
+}
+
 /// `devices` devices store an order each; the server is killed with a second round in flight (some committed and
 /// never answered, some never arrived) and restarted on its port; after a third round every order is reported
 /// stored exactly once and applied once, and every device of a transport with handshakes reconnected (one without
 /// handshakes makes none). Returns the restarted server's counts.
 pub async fn restart_loses_nothing(h: &Harness, devices: u32) -> CounterSnapshot {
+    restart(h, devices).await.after
+}
+
+/// The counts of a [`restart`] run.
+struct Restarted {
+    /// The first server's.
+    before: CounterSnapshot,
+    /// The restarted server's.
+    after: CounterSnapshot,
+    /// The fleet's.
+    client: CounterSnapshot,
+}
+
+/// [`restart_loses_nothing`] for a transport that resumes sessions: every device reconnects to the restarted server
+/// with the ticket the first one gave it, so every handshake the restarted server makes resumes (counted in
+/// `resumed` on both sides) and none signs or verifies anything: each costs only the two (EC)DHE operations of
+/// `psk_dhe_ke` per side. The first server's handshakes were all full ones. Returns the restarted server's counts.
+pub async fn restart_resumes(h: &Harness, devices: u32) -> CounterSnapshot {
+    let Restarted {
+        before,
+        after,
+        client,
+    } = restart(h, devices).await;
+    let n = u64::from(devices);
+    assert_eq!((before.resumed, before.sign), (0, n), "{before:?}");
+    assert_eq!(after.resumed, after.handshakes, "{after:?}");
+    assert_eq!(
+        (after.sign, after.verify, after.x25519 + after.ecdh),
+        (0, 0, 2 * after.handshakes),
+        "{after:?}"
+    );
+    // The fleet's first handshake of each device was full; every later one resumed.
+    assert_eq!(client.resumed, client.handshakes - n, "{client:?}");
+    assert_eq!(client.sign, n, "{client:?}");
+    after
+}
+
+/// The run of [`restart_loses_nothing`], checked as it says.
+async fn restart(h: &Harness, devices: u32) -> Restarted {
     let first = h.server(any_port());
     let addr = first.addr;
     let (fleet, mut rx, client) = h.fleet(addr, devices).await;
@@ -357,7 +492,11 @@ pub async fn restart_loses_nothing(h: &Harness, devices: u32) -> CounterSnapshot
             (0, 0, 0),
             "{c:?}"
         );
-        return after;
+        return Restarted {
+            before,
+            after,
+            client: c,
+        };
     }
     // Every device had to make a new connection to the new server, and sent its unanswered orders again.
     let n = u64::from(devices);
@@ -365,7 +504,11 @@ pub async fn restart_loses_nothing(h: &Harness, devices: u32) -> CounterSnapshot
     assert_eq!(c.handshakes, n + c.reconnects, "{c:?}");
     assert!(after.handshakes >= n, "{after:?}");
     assert_eq!(before.handshakes, n, "{before:?}");
-    after
+    Restarted {
+        before,
+        after,
+        client: c,
+    }
 }
 
 /// Two devices whose certificates come from another CA: the server refuses them (`refused_unknown`, no
@@ -442,4 +585,163 @@ pub async fn spoofed_and_oversized_orders_are_refused<C: Connector>(
     );
     let audit = store::audit(&h.store_dir, &[fine.id], &[fine.id]).unwrap();
     assert!(audit.is_clean() && audit.applied == 1, "{audit:?}");
+}
+
+/// A published message of the checks: 64 bytes on `channel`.
+pub fn message(channel: u32, id: u64, qos: QoS) -> Publish {
+    Publish {
+        channel,
+        id,
+        qos,
+        size: 64,
+    }
+}
+
+/// Wait until `done` holds of the events collected so far; every event is kept. (`done` sees them all each time:
+/// for the few hundred events of a check, not for floods.)
+pub async fn collect_until(
+    rx: &mut mpsc::UnboundedReceiver<LinkEvent>,
+    events: &mut Vec<LinkEvent>,
+    mut done: impl FnMut(&[LinkEvent]) -> bool,
+) {
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(60);
+    while !done(events) {
+        match tokio::time::timeout_at(deadline, rx.recv()).await {
+            Ok(Some(e)) => events.push(e),
+            _ => panic!("still waiting after {} events", events.len()),
+        }
+    }
+}
+
+/// How many times each (device, message) was delivered, and each message accepted.
+pub fn tally(events: &[LinkEvent]) -> (HashMap<(u32, u64), u32>, HashMap<u64, u32>) {
+    let (mut delivered, mut accepted) = (HashMap::new(), HashMap::new());
+    for e in events {
+        match *e {
+            LinkEvent::Delivered { device, id, .. } => {
+                *delivered.entry((device, id)).or_default() += 1
+            }
+            LinkEvent::Accepted { id, .. } => *accepted.entry(id).or_default() += 1,
+            _ => {}
+        }
+    }
+    (delivered, accepted)
+}
+
+/// Publish/subscribe through the transport's server: device 0 publishes 100 messages on channel 7, half QoS 1 and
+/// half QoS 0; devices 1 and 2 subscribe at QoS 1, device 3 at QoS 0, device 4 to another channel. Every message is
+/// accepted once and delivered once to each of the three subscribers, nothing to the fourth, nothing dropped (the
+/// queues are far larger than 100). Returns the server's counts.
+pub async fn every_message_delivered_once_to_each_subscriber(h: &Harness) -> CounterSnapshot {
+    let server = h.server(any_port());
+    let (fleet, mut rx, _) = h.fleet(server.addr, 5).await;
+    fleet.subscribe(1, 7, QoS::AtLeastOnce).await.unwrap();
+    fleet.subscribe(2, 7, QoS::AtLeastOnce).await.unwrap();
+    fleet.subscribe(3, 7, QoS::AtMostOnce).await.unwrap();
+    fleet.subscribe(4, 8, QoS::AtLeastOnce).await.unwrap();
+    for id in 0..100 {
+        let qos = if id % 2 == 0 {
+            QoS::AtLeastOnce
+        } else {
+            QoS::AtMostOnce
+        };
+        fleet.publish(0, message(7, id, qos));
+        if id % 10 == 9 {
+            tokio::time::sleep(Duration::from_millis(5)).await;
+        }
+    }
+    let mut events = Vec::new();
+    collect_until(&mut rx, &mut events, |e| {
+        let (delivered, accepted) = tally(e);
+        delivered.len() == 300 && accepted.len() == 100
+    })
+    .await;
+    assert_eq!(fleet.publishing(), 0);
+    fleet.close().await;
+    while let Ok(e) = rx.try_recv() {
+        events.push(e);
+    }
+    let (delivered, accepted) = tally(&events);
+    assert!(accepted.values().all(|&n| n == 1), "accepted twice");
+    assert!(delivered.values().all(|&n| n == 1), "delivered twice");
+    assert!(delivered
+        .keys()
+        .all(|(d, id)| (1..=3).contains(d) && *id < 100));
+    let counts = server.kill().await;
+    assert_eq!(counts.dropped, 0, "{counts:?}");
+    counts
+}
+
+/// Device 1 subscribes to channel 7 at QoS 1 on a stream of a connection of its own (opened with `open`), reads the
+/// ten messages device 0 publishes and never acknowledges them; then that connection closes. When device 1's link
+/// in the fleet subscribes, the server sends those ten again (they were in flight), and the fleet reports each once,
+/// and the ten published after.
+pub async fn unacknowledged_qos1_goes_again_on_the_next_connection<C: Connector>(
+    h: &Harness,
+    connector: impl MakeConnector<C>,
+    open: impl Fn(&C::Conn) -> crate::relay::client::OpenStream,
+) {
+    use crate::relay::wire::{self, Frame};
+    use bytes::BytesMut;
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+
+    let server = h.server(any_port());
+    let raw = connector(
+        server.addr,
+        h.credentials(),
+        2,
+        Arc::new(Counters::default()),
+    )
+    .unwrap();
+    let conn = raw.connect(1).await.unwrap();
+    let (mut recv, mut send) = open(&conn)().await.unwrap();
+    let mut buf = BytesMut::new();
+    wire::encode(
+        &Frame::Subscribe {
+            channel: 7,
+            qos: QoS::AtLeastOnce,
+        },
+        &mut buf,
+    );
+    send.write_all(&buf).await.unwrap();
+    buf.clear();
+    let mut next = async |buf: &mut BytesMut| loop {
+        if let Some(frame) = wire::decode(buf).unwrap() {
+            return frame;
+        }
+        assert!(recv.read_buf(buf).await.unwrap() > 0, "stream ended");
+    };
+    assert!(matches!(
+        next(&mut buf).await,
+        Frame::Subscribed {
+            channel: 7,
+            granted: Some(QoS::AtLeastOnce)
+        }
+    ));
+
+    let (fleet, mut rx, _) = h.fleet(server.addr, 2).await;
+    for id in 0..10 {
+        fleet.publish(0, message(7, id, QoS::AtLeastOnce));
+    }
+    let mut events = Vec::new();
+    collect_until(&mut rx, &mut events, |e| tally(e).1.len() == 10).await;
+    for _ in 0..10 {
+        assert!(matches!(next(&mut buf).await, Frame::Deliver1 { .. }));
+    }
+    raw.close(conn);
+    drop((recv, send));
+
+    fleet.subscribe(1, 7, QoS::AtLeastOnce).await.unwrap();
+    for id in 10..20 {
+        fleet.publish(0, message(7, id, QoS::AtLeastOnce));
+    }
+    collect_until(&mut rx, &mut events, |e| tally(e).0.len() == 20).await;
+    fleet.close().await;
+    while let Ok(e) = rx.try_recv() {
+        events.push(e);
+    }
+    let (delivered, _) = tally(&events);
+    let want: HashMap<(u32, u64), u32> = (0..20).map(|id| ((1, id), 1)).collect();
+    assert_eq!(delivered, want);
+    server.kill().await;
 }

@@ -25,7 +25,7 @@ pub mod procfs;
 pub mod transport;
 
 pub use commit::{CommitError, OrderStore, Outcome, SharedStore};
-pub use counters::{CounterSnapshot, Counters};
+pub use counters::{AsymCosts, CounterSnapshot, Counters};
 pub use order::{device_name, sender_id, Order, OrderId, MAX_PAYLOAD};
 pub use transport::{
     BoxFuture, Capabilities, Fleet, FleetConfig, LinkEvent, MemorySource, Need, Publish, QoS,

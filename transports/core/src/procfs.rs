@@ -1,5 +1,6 @@
 //! What a process costs, read from the kernel: CPU time and state from `/proc/PID/stat` (clock ticks, usually
-//! 10 ms), this process's CPU from `getrusage` (microseconds), resident memory from `/proc/PID/statm`.
+//! 10 ms), this process's CPU from `getrusage` (microseconds), resident memory from `/proc/PID/statm`, the files it
+//! holds open from `/proc/PID/fd` and may hold from `/proc/PID/limits`.
 //!
 //! Servers read their own figures with it (the control line's CPU, a broker's `$SYS` memory); the runner's
 //! sampler reads the servers'.
@@ -100,6 +101,18 @@ pub fn self_cpu_time() -> io::Result<Duration> {
     Ok(tv(usage.ru_utime) + tv(usage.ru_stime))
 }
 
+/// CPU time the calling thread has used so far (`CLOCK_THREAD_CPUTIME_ID`, nanosecond resolution): unlike a wall
+/// clock, it does not run while the thread waits for a core that other work holds.
+pub fn thread_cpu_time() -> io::Result<Duration> {
+    // SAFETY: timespec is plain data, and clock_gettime writes it whole when it returns 0.
+    let mut t: libc::timespec = unsafe { std::mem::zeroed() };
+    // SAFETY: a valid pointer to a timespec the call may write.
+    if unsafe { libc::clock_gettime(libc::CLOCK_THREAD_CPUTIME_ID, &mut t) } != 0 {
+        return Err(io::Error::last_os_error());
+    }
+    Ok(Duration::from_secs(t.tv_sec.max(0) as u64) + Duration::from_nanos(t.tv_nsec.max(0) as u64))
+}
+
 /// Resident memory of a process in bytes.
 pub fn rss_bytes(pid: u32) -> io::Result<u64> {
     let statm = std::fs::read_to_string(format!("/proc/{pid}/statm"))?;
@@ -109,6 +122,68 @@ pub fn rss_bytes(pid: u32) -> io::Result<u64> {
         .and_then(|p| p.parse().ok())
         .ok_or_else(|| invalid("bad /proc statm"))?;
     Ok(pages * sysconf(libc::_SC_PAGESIZE, 4096))
+}
+
+/// How many files a process holds open (entries of `/proc/PID/fd`).
+pub fn open_files(pid: u32) -> io::Result<u64> {
+    Ok(std::fs::read_dir(format!("/proc/{pid}/fd"))?.count() as u64)
+}
+
+/// Whether process `pid` holds a TCP socket listening on `port` (IPv4 or IPv6): a listening socket of that port in
+/// its network namespace (`/proc/PID/net/tcp`, `tcp6`) whose inode is one of its open files.
+pub fn listens_on(pid: u32, port: u16) -> io::Result<bool> {
+    let mut inodes = std::collections::HashSet::new();
+    for fd in std::fs::read_dir(format!("/proc/{pid}/fd"))? {
+        let Ok(target) = std::fs::read_link(fd?.path()) else {
+            continue; // closed meanwhile
+        };
+        let target = target.to_string_lossy();
+        if let Some(inode) = target
+            .strip_prefix("socket:[")
+            .and_then(|t| t.strip_suffix(']'))
+        {
+            inodes.insert(inode.to_string());
+        }
+    }
+    for table in ["tcp", "tcp6"] {
+        let Ok(text) = std::fs::read_to_string(format!("/proc/{pid}/net/{table}")) else {
+            continue;
+        };
+        if listening_inodes(&text, port).any(|inode| inodes.contains(inode)) {
+            return Ok(true);
+        }
+    }
+    Ok(false)
+}
+
+/// The inodes of the sockets listening on `port` in a `/proc/net/tcp` (or `tcp6`) table.
+fn listening_inodes(table: &str, port: u16) -> impl Iterator<Item = &str> {
+    const LISTEN: &str = "0A";
+    table.lines().skip(1).filter_map(move |line| {
+        let f: Vec<&str> = line.split_ascii_whitespace().collect();
+        let local_port = f.get(1)?.rsplit(':').next()?;
+        let listening = *f.get(3)? == LISTEN;
+        (listening && u16::from_str_radix(local_port, 16).ok()? == port)
+            .then(|| f.get(9).copied())?
+    })
+}
+
+/// How many files a process may hold open: its soft limit, from `/proc/PID/limits` (`u64::MAX` if unlimited).
+pub fn files_limit(pid: u32) -> io::Result<u64> {
+    parse_files_limit(&std::fs::read_to_string(format!("/proc/{pid}/limits"))?)
+}
+
+/// The soft limit of the `Max open files` line of a `/proc/PID/limits` text.
+pub fn parse_files_limit(limits: &str) -> io::Result<u64> {
+    let line = limits
+        .lines()
+        .find_map(|l| l.strip_prefix("Max open files"))
+        .ok_or_else(|| invalid("no `Max open files` in /proc limits"))?;
+    match line.split_ascii_whitespace().next() {
+        Some("unlimited") => Ok(u64::MAX),
+        Some(n) => n.parse().map_err(|_| invalid("bad open files limit")),
+        None => Err(invalid("bad open files limit")),
+    }
 }
 
 #[cfg(test)]
@@ -150,5 +225,51 @@ mod tests {
         std::hint::black_box(x);
         assert!(self_cpu_time().unwrap() > t0);
         assert!(cpu_time(u32::MAX).is_err());
+    }
+
+    #[test]
+    fn open_files_and_their_limit() {
+        let me = std::process::id();
+        let before = open_files(me).unwrap();
+        // Other tests may open and close files meanwhile; twenty of ours show whatever they do.
+        let held: Vec<_> = (0..20)
+            .map(|_| std::fs::File::open("/proc/self/stat").unwrap())
+            .collect();
+        assert!(open_files(me).unwrap() >= before + 20);
+        drop(held);
+        assert!(files_limit(me).unwrap() >= before);
+        let text = "Limit                     Soft Limit           Hard Limit           Units\n\
+                    Max processes             95234                95234                processes\n\
+                    Max open files            20000                40000                files\n";
+        assert_eq!(parse_files_limit(text).unwrap(), 20_000);
+        assert_eq!(
+            parse_files_limit(
+                "Max open files            unlimited            unlimited            files"
+            )
+            .unwrap(),
+            u64::MAX
+        );
+        assert!(parse_files_limit("Max processes 1 1").is_err());
+    }
+
+    #[test]
+    fn listening_sockets_are_found_by_port_and_state() {
+        let table = "  sl  local_address rem_address   st tx_queue rx_queue tr tm->when retrnsmt   uid  timeout inode
+   0: 0100007F:1F90 00000000:0000 0A 00000000:00000000 00:00000000 00000000     0        0 111 1 0000000000000000 100 0 0 10 0
+   1: 0100007F:1F90 0100007F:D431 01 00000000:00000000 00:00000000 00000000     0        0 222 1 0000000000000000 20 4 30 10 -1
+   2: 0100007F:1F91 00000000:0000 0A 00000000:00000000 00:00000000 00000000     0        0 333 1 0000000000000000 100 0 0 10 0
+";
+        assert_eq!(listening_inodes(table, 8080).collect::<Vec<_>>(), ["111"]);
+        assert_eq!(listening_inodes(table, 8081).collect::<Vec<_>>(), ["333"]);
+        assert_eq!(listening_inodes(table, 80).count(), 0);
+    }
+
+    #[test]
+    fn this_process_is_seen_listening_on_its_port_and_not_on_another() {
+        let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        let port = l.local_addr().unwrap().port();
+        assert!(listens_on(std::process::id(), port).unwrap());
+        drop(l);
+        assert!(!listens_on(std::process::id(), port).unwrap());
     }
 }

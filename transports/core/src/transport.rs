@@ -11,7 +11,7 @@
 //! Everything that crosses the trait is ids, sizes and times; payloads are moved, never copied per event.
 
 use crate::commit::SharedStore;
-use crate::counters::Counters;
+use crate::counters::{AsymCosts, Counters};
 use crate::order::{Order, OrderId};
 use crate::TransportError;
 use serde::{Deserialize, Serialize};
@@ -22,7 +22,7 @@ use std::path::PathBuf;
 use std::pin::Pin;
 use std::sync::Arc;
 use std::time::Instant;
-use tokio::sync::{mpsc, oneshot};
+use tokio::sync::{mpsc, oneshot, watch};
 
 /// A boxed future, as the trait's async methods return.
 pub type BoxFuture<'a, T> = Pin<Box<dyn Future<Output = T> + Send + 'a>>;
@@ -160,7 +160,12 @@ pub struct FleetConfig {
     pub server: SocketAddr,
     /// The directory [`Transport::prepare`] wrote: device credentials and what identifies the server.
     pub identity: PathBuf,
-    /// How many devices; they are numbered `0..devices` and named [`device_name`](crate::order::device_name).
+    /// The first device of this fleet: a fleet may run a slice of a run's devices (a load generator split over
+    /// several processes), numbered `first..first + devices` everywhere (credentials, names, [`Fleet`] calls,
+    /// [`LinkEvent`]s). 0 for a fleet of every device.
+    pub first: u32,
+    /// How many devices; they are numbered `first..first + devices` and named
+    /// [`device_name`](crate::order::device_name).
     pub devices: u32,
     /// Where the links report stored orders, deliveries and connection changes.
     pub events: mpsc::UnboundedSender<LinkEvent>,
@@ -285,6 +290,32 @@ pub trait Transport: Send + Sync + 'static {
         &self,
         config: FleetConfig,
     ) -> BoxFuture<'static, Result<Box<dyn Fleet>, TransportError>>;
+
+    /// Measure here, in about a quarter of a second, what one asymmetric operation of each kind the server counts
+    /// costs, with the code the server calls for it; `None` where the server's operations are not this code's (an
+    /// external broker) or it does none.
+    fn asym_costs(&self) -> Option<AsymCosts> {
+        None
+    }
+
+    /// Follow the memory figure the server publishes of itself, where it publishes one
+    /// ([`MemorySource::RssAndSysTopic`]): a plain client with the credentials of device `device` of `identity`
+    /// (prepared, and used by no link) reads it from the server at `server`. The receiver holds its latest value in
+    /// bytes (`None` until the first arrives); the client leaves when the receiver is dropped, and the sender is
+    /// dropped if the figure can no longer be read.
+    fn watch_memory(
+        &self,
+        server: SocketAddr,
+        identity: PathBuf,
+        device: u32,
+    ) -> BoxFuture<'static, Result<watch::Receiver<Option<u64>>, TransportError>> {
+        let _ = (server, identity, device);
+        Box::pin(async {
+            Err(TransportError::Unsupported(
+                "the server publishes no memory figure of its own",
+            ))
+        })
+    }
 }
 
 /// The client side of a transport: the links of many devices.

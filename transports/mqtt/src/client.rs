@@ -9,14 +9,33 @@
 //! the PUBACK for its packet identifier is the answer "stored". Several orders may be in flight; each keeps the
 //! packet identifier it was first sent with, and an order sent again (on a new connection, after a drop or an
 //! unanswered second) goes with DUP set and its original identifier [MQTT-3.3.1-1, MQTT-4.4.0-1].
+//!
+//! # Pipelining (`mqtt:early`)
+//!
+//! By default a device waits for CONNACK before it sends anything else. Pipelining, it queues CONNECT the moment
+//! its TLS handshake completes (rustls's client completes once its Finished is written, so CONNECT follows the
+//! Finished in the same round trip) and the connection is ready for orders at once: MQTT 3.1.1 section 3.1.4 lets a
+//! client send further packets right after CONNECT without waiting for CONNACK. The CONNACK is then the first packet
+//! the reader expects; a refusal, or any other packet first, closes the connection, and the orders sent on it go
+//! again on the next one (a broker processes nothing after a refused CONNECT [MQTT-3.1.4-5]).
+//!
+//! # Publish/subscribe
+//!
+//! A channel is the topic `bench/<channel>`. A subscription is a SUBSCRIBE with that one filter; SUBACK answers it
+//! (return code 0x80: refused). A published message is a PUBLISH to the topic with the fleet's payload (the
+//! message's id first); at QoS 1 its PUBACK is its acceptance and it keeps its packet identifier until then, so one
+//! sent again on a new connection goes with DUP set and its original identifier, as orders do; at QoS 0 it is
+//! accepted once written to the connection. A PUBLISH from the server to a `bench/` topic is handed to the fleet as
+//! a delivery, then acknowledged with PUBACK if it is QoS 1 [MQTT-4.3.2-2].
 
 use crate::codec::{
     encode_publish, read_packet, ConnAck, Connect, ConnectReturnCode, DecodeError, EncodeError,
-    Packet, PacketId, QoS,
+    Packet, PacketId, QoS, Subscribe, SubscribeReturnCode,
 };
 use bytes::{Bytes, BytesMut};
 use std::collections::HashMap;
 use std::net::SocketAddr;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt, ReadHalf, WriteHalf};
@@ -25,9 +44,9 @@ use tokio::sync::{mpsc, oneshot, watch};
 use tokio::task::AbortHandle;
 use tokio_rustls::client::TlsStream;
 use tokio_rustls::TlsConnector;
-use transport_conn::fleet::{Answer, Connector};
+use transport_conn::fleet::{self, Answer, Connector, Deliveries, Delivery, SubAck};
 use transport_core::framing::encode_order_body;
-use transport_core::{device_name, BoxFuture, Order, OrderId, TransportError};
+use transport_core::{device_name, BoxFuture, Order, OrderId, Publish, TransportError};
 use transport_tls::{ClientTls, SERVER_NAME};
 
 /// Why a client operation failed.
@@ -150,18 +169,30 @@ pub async fn connect_tls(
     Ok(TlsConnector::from(config).connect(name, tcp).await?)
 }
 
-/// Per device, the packet identifiers of the orders sent and not yet answered.
+/// What a packet identifier is in use for.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+enum Use {
+    /// An order (QoS 1 PUBLISH to `orders/<device>`).
+    Order(OrderId),
+    /// A published message (QoS 1 PUBLISH to `bench/<channel>`), by its id.
+    Message(u64),
+    /// A SUBSCRIBE, by a number of the connector's.
+    Subscribe(u64),
+}
+
+/// Per device, the packet identifiers in use: orders and QoS 1 messages sent and not yet acknowledged (they keep
+/// theirs when sent again), subscriptions not yet answered.
 #[derive(Default)]
 struct DeviceIds {
     last: u16,
-    by_order: HashMap<OrderId, PacketId>,
+    by_use: HashMap<Use, PacketId>,
     in_use: std::collections::HashSet<u16>,
 }
 
 impl DeviceIds {
-    /// The order's identifier and whether it was sent before (DUP); `None` if all 65,535 are taken.
-    fn for_order(&mut self, id: OrderId) -> Option<(PacketId, bool)> {
-        if let Some(&p) = self.by_order.get(&id) {
+    /// The identifier for `what` and whether it was given before (DUP); `None` if all 65,535 are taken.
+    fn for_use(&mut self, what: Use) -> Option<(PacketId, bool)> {
+        if let Some(&p) = self.by_use.get(&what) {
             return Some((p, true));
         }
         if self.in_use.len() >= usize::from(u16::MAX) {
@@ -171,17 +202,32 @@ impl DeviceIds {
             self.last = self.last.wrapping_add(1);
             if let Some(p) = PacketId::new(self.last) {
                 if self.in_use.insert(p.get()) {
-                    self.by_order.insert(id, p);
+                    self.by_use.insert(what, p);
                     return Some((p, false));
                 }
             }
         }
     }
 
-    fn answered(&mut self, id: &OrderId) {
-        if let Some(p) = self.by_order.remove(id) {
+    fn release(&mut self, what: &Use) {
+        if let Some(p) = self.by_use.remove(what) {
             self.in_use.remove(&p.get());
         }
+    }
+}
+
+/// The topic prefix of published messages: channel `n` is `bench/<n>`.
+pub const BENCH_PREFIX: &str = "bench/";
+
+/// The topic of a channel.
+pub fn channel_topic(channel: u32) -> String {
+    format!("{BENCH_PREFIX}{channel}")
+}
+
+fn mqtt_qos(qos: transport_core::QoS) -> QoS {
+    match qos {
+        transport_core::QoS::AtMostOnce => QoS::AtMostOnce,
+        transport_core::QoS::AtLeastOnce => QoS::AtLeastOnce,
     }
 }
 
@@ -190,7 +236,10 @@ pub struct OrderConnector {
     server: SocketAddr,
     tls: ClientTls,
     keep_alive: u16,
+    /// Send packets right after CONNECT, without waiting for CONNACK (see the module docs).
+    early: bool,
     ids: Arc<[Mutex<DeviceIds>]>,
+    subscribes: AtomicU64,
 }
 
 impl OrderConnector {
@@ -203,21 +252,99 @@ impl OrderConnector {
             server,
             tls,
             keep_alive: 30,
+            early: false,
             ids,
+            subscribes: AtomicU64::new(0),
         }
+    }
+
+    /// The same connector, pipelining after CONNECT if `early` (see the module docs).
+    pub fn pipelining(mut self, early: bool) -> Self {
+        self.early = early;
+        self
+    }
+
+    /// Reserve a packet identifier of `conn`'s device for `what`, and check the connection is open.
+    fn packet_id(&self, conn: &OrderConn, what: Use) -> Result<(PacketId, bool), TransportError> {
+        if *conn.closed.borrow() {
+            return Err(TransportError::Protocol("connection closed".into()));
+        }
+        let device = conn.device as usize;
+        let slot = self
+            .ids
+            .get(device)
+            .ok_or_else(|| TransportError::Config(format!("no device {device}")))?;
+        lock(slot).for_use(what).ok_or_else(|| {
+            TransportError::Protocol("65535 packet identifiers in use on one device".into())
+        })
+    }
+
+    /// Wait for the answer to the packet with identifier `id`, queued as `frame`; the identifier is released
+    /// for `what` once answered.
+    fn request(
+        &self,
+        conn: &OrderConn,
+        what: Use,
+        id: PacketId,
+        frame: Bytes,
+    ) -> BoxFuture<'static, Result<Reply, TransportError>> {
+        let (tx, rx) = oneshot::channel();
+        lock(&conn.waiters).insert(id, tx);
+        let sent = conn.send(frame, None);
+        let ids = self.ids.clone();
+        let device = conn.device as usize;
+        Box::pin(async move {
+            sent?;
+            let reply = rx.await.map_err(|_| {
+                TransportError::Protocol("connection closed before the answer".into())
+            })?;
+            if let Some(slot) = ids.get(device) {
+                lock(slot).release(&what);
+            }
+            Ok(reply)
+        })
     }
 }
 
-type Waiters = Arc<Mutex<HashMap<PacketId, oneshot::Sender<()>>>>;
+/// The server's answer to a packet with an identifier.
+#[derive(Debug)]
+enum Reply {
+    PubAck,
+    SubAck(Vec<SubscribeReturnCode>),
+}
 
-/// One device's live MQTT connection: a reader task resolving PUBACKs, a writer task, both stopped on drop.
+type Waiters = Arc<Mutex<HashMap<PacketId, oneshot::Sender<Reply>>>>;
+
+/// Bytes to write, and who waits for them to be written (a QoS 0 publish).
+struct Outgoing {
+    bytes: Bytes,
+    written: Option<oneshot::Sender<()>>,
+}
+
+/// One device's live MQTT connection: a reader task resolving PUBACKs and SUBACKs and handing deliveries over, a
+/// writer task, both stopped on drop.
 pub struct OrderConn {
     device: u32,
+    /// Whether its TLS handshake resumed a session.
+    resumed: bool,
     topic: String,
-    out: mpsc::UnboundedSender<Bytes>,
+    out: mpsc::UnboundedSender<Outgoing>,
     waiters: Waiters,
     closed: watch::Receiver<bool>,
+    deliveries: Option<Deliveries>,
     tasks: [AbortHandle; 2],
+}
+
+impl OrderConn {
+    fn send(
+        &self,
+        bytes: Bytes,
+        written: Option<oneshot::Sender<()>>,
+    ) -> Result<(), TransportError> {
+        self.out
+            .send(Outgoing { bytes, written })
+            .map_err(|_| TransportError::Protocol("connection closed".into()))
+    }
 }
 
 impl Drop for OrderConn {
@@ -239,26 +366,46 @@ impl Connector for OrderConnector {
         Box::pin(async move {
             let config = self.tls.config(device)?;
             let tls = connect_tls(self.server, config).await?;
+            let resumed = tls.get_ref().1.handshake_kind() == Some(rustls::HandshakeKind::Resumed);
+            let connect = connect_packet(&device_name(device), false, self.keep_alive);
             let mut stream = MqttStream::new(tls);
-            stream
-                .connect(connect_packet(&device_name(device), false, self.keep_alive))
-                .await?;
+            let mut first = BytesMut::new();
+            if self.early {
+                // Queued for the writer, which sends it with whatever the fleet queues right after (the orders).
+                Packet::Connect(connect)
+                    .encode(&mut first)
+                    .map_err(ClientError::from)?;
+            } else {
+                stream.connect(connect).await?;
+            }
             let (io, leftover) = stream.into_parts();
             let (rd, wr) = tokio::io::split(io);
             let waiters: Waiters = Arc::default();
             let (closed_tx, closed) = watch::channel(false);
             let (out, out_rx) = mpsc::unbounded_channel();
+            let (delivered, deliveries) = mpsc::unbounded_channel();
             let keep_alive = Duration::from_secs(u64::from(self.keep_alive));
+            if !first.is_empty() {
+                let _ = out.send(Outgoing {
+                    bytes: first.freeze(),
+                    written: None,
+                });
+            }
             let reader = tokio::spawn(read_acks(
                 rd,
                 leftover,
-                waiters.clone(),
-                closed_tx,
-                out.clone(),
+                Acks {
+                    waiters: waiters.clone(),
+                    closed: closed_tx,
+                    out: out.clone(),
+                    deliveries: delivered,
+                    connack_due: self.early,
+                },
             ));
             let writer = tokio::spawn(write_packets(wr, out_rx, keep_alive));
             Ok(OrderConn {
                 device,
+                resumed,
                 topic: format!(
                     "{}{}",
                     crate::broker::connection::ORDERS_PREFIX,
@@ -267,6 +414,7 @@ impl Connector for OrderConnector {
                 out,
                 waiters,
                 closed,
+                deliveries: Some(deliveries),
                 tasks: [reader.abort_handle(), writer.abort_handle()],
             })
         })
@@ -278,18 +426,9 @@ impl Connector for OrderConnector {
         order: &Order,
     ) -> BoxFuture<'static, Result<Answer, TransportError>> {
         let id = order.id;
-        let ids = self.ids.clone();
-        let device = conn.device as usize;
-        let prepared = (|| {
-            if *conn.closed.borrow() {
-                return Err(TransportError::Protocol("connection closed".into()));
-            }
-            let slot = ids
-                .get(device)
-                .ok_or_else(|| TransportError::Config(format!("no device {device}")))?;
-            let (packet_id, dup) = lock(slot).for_order(id).ok_or_else(|| {
-                TransportError::Protocol("65535 orders in flight on one device".into())
-            })?;
+        let what = Use::Order(id);
+        let prepared = (|| -> Result<_, TransportError> {
+            let (packet_id, dup) = self.packet_id(conn, what)?;
             let mut body = BytesMut::with_capacity(order.payload.len() + 40);
             encode_order_body(order, &mut body);
             let mut frame = BytesMut::with_capacity(body.len() + conn.topic.len() + 8);
@@ -303,22 +442,97 @@ impl Connector for OrderConnector {
                 &body,
             )
             .map_err(|e| TransportError::Protocol(e.to_string()))?;
-            let (tx, rx) = oneshot::channel();
-            lock(&conn.waiters).insert(packet_id, tx);
-            conn.out
-                .send(frame.freeze())
-                .map_err(|_| TransportError::Protocol("connection closed".into()))?;
-            Ok(rx)
+            Ok(self.request(conn, what, packet_id, frame.freeze()))
         })();
         Box::pin(async move {
-            prepared?
-                .await
-                .map_err(|_| TransportError::Protocol("connection closed before PUBACK".into()))?;
-            if let Some(slot) = ids.get(device) {
-                lock(slot).answered(&id);
+            match prepared?.await? {
+                Reply::PubAck => Ok(Answer::Stored(id)),
+                other => Err(TransportError::Protocol(format!("{other:?} for an order"))),
             }
-            Ok(Answer::Stored(id))
         })
+    }
+
+    fn subscribe(
+        &self,
+        conn: &OrderConn,
+        channel: u32,
+        qos: transport_core::QoS,
+    ) -> BoxFuture<'static, Result<SubAck, TransportError>> {
+        let what = Use::Subscribe(self.subscribes.fetch_add(1, Ordering::Relaxed));
+        let prepared = (|| -> Result<_, TransportError> {
+            let (packet_id, _) = self.packet_id(conn, what)?;
+            let mut frame = BytesMut::new();
+            Packet::Subscribe(Subscribe {
+                packet_id,
+                filters: vec![(channel_topic(channel), mqtt_qos(qos))],
+            })
+            .encode(&mut frame)
+            .map_err(|e| TransportError::Protocol(e.to_string()))?;
+            Ok(self.request(conn, what, packet_id, frame.freeze()))
+        })();
+        Box::pin(async move {
+            match prepared?.await? {
+                Reply::SubAck(codes) => match codes.first() {
+                    Some(SubscribeReturnCode::Granted(_)) => Ok(SubAck::Granted),
+                    _ => Ok(SubAck::Refused),
+                },
+                other => Err(TransportError::Protocol(format!(
+                    "{other:?} for a SUBSCRIBE"
+                ))),
+            }
+        })
+    }
+
+    fn publish(
+        &self,
+        conn: &OrderConn,
+        message: &Publish,
+        again: bool,
+    ) -> BoxFuture<'static, Result<(), TransportError>> {
+        let what = Use::Message(message.id);
+        let qos = mqtt_qos(message.qos);
+        let prepared = (|| -> Result<_, TransportError> {
+            let (packet_id, dup) = match qos {
+                QoS::AtMostOnce => (None, false),
+                _ => {
+                    let (id, known) = self.packet_id(conn, what)?;
+                    (Some(id), known || again)
+                }
+            };
+            let mut payload = BytesMut::new();
+            fleet::payload(message, &mut payload);
+            let topic = channel_topic(message.channel);
+            let mut frame = BytesMut::with_capacity(payload.len() + topic.len() + 8);
+            encode_publish(&mut frame, dup, qos, false, &topic, packet_id, &payload)
+                .map_err(|e| TransportError::Protocol(e.to_string()))?;
+            Ok(match packet_id {
+                Some(id) => Ok(self.request(conn, what, id, frame.freeze())),
+                None => {
+                    let (tx, rx) = oneshot::channel();
+                    conn.send(frame.freeze(), Some(tx))?;
+                    Err(rx)
+                }
+            })
+        })();
+        Box::pin(async move {
+            match prepared? {
+                Ok(acknowledged) => match acknowledged.await? {
+                    Reply::PubAck => Ok(()),
+                    other => Err(TransportError::Protocol(format!("{other:?} for a PUBLISH"))),
+                },
+                Err(written) => written.await.map_err(|_| {
+                    TransportError::Protocol("connection closed before the write".into())
+                }),
+            }
+        })
+    }
+
+    fn deliveries(&self, conn: &mut OrderConn) -> Option<Deliveries> {
+        conn.deliveries.take()
+    }
+
+    fn resumed(&self, conn: &OrderConn) -> bool {
+        conn.resumed
     }
 
     fn closed(&self, conn: &OrderConn) -> BoxFuture<'static, ()> {
@@ -327,39 +541,113 @@ impl Connector for OrderConnector {
             let _ = closed.wait_for(|c| *c).await;
         })
     }
+
+    /// DISCONNECT, then nothing more is sent [MQTT-3.14.4-2]; the device waits for the broker to close the network
+    /// connection (a server SHOULD on receipt of DISCONNECT, MQTT 3.1.1 section 3.14.4), so the server closes
+    /// first, and then closes its own side [MQTT-3.14.4-1]. A broker that has not closed within
+    /// [`SERVER_CLOSE_WAIT`] is an error, and the connection is closed from this side all the same.
+    fn disconnect(&self, conn: OrderConn) -> BoxFuture<'static, Result<(), TransportError>> {
+        let mut frame = BytesMut::with_capacity(2);
+        let queued = Packet::Disconnect
+            .encode(&mut frame)
+            .ok()
+            .and_then(|()| conn.send(frame.freeze(), None).ok());
+        Box::pin(async move {
+            if queued.is_none() {
+                return Err(TransportError::Protocol(
+                    "the connection was closed before DISCONNECT".into(),
+                ));
+            }
+            let mut closed = conn.closed.clone();
+            let waited = tokio::time::timeout(SERVER_CLOSE_WAIT, closed.wait_for(|c| *c)).await;
+            drop(conn);
+            match waited {
+                Ok(Ok(_)) => Ok(()),
+                _ => Err(TransportError::Protocol(format!(
+                    "the broker did not close the connection within {} ms of DISCONNECT",
+                    SERVER_CLOSE_WAIT.as_millis()
+                ))),
+            }
+        })
+    }
 }
 
-/// Resolve the waiter of each PUBACK; answer a PUBLISH the server might send; mark the connection closed at the
-/// end (dropping every waiter, so the orders on it fail and are sent again on a new connection).
-async fn read_acks<R: AsyncRead + Unpin>(
-    mut rd: ReadHalf<R>,
-    mut buf: BytesMut,
+/// How long a device waits, after DISCONNECT, for the broker to close the connection.
+pub const SERVER_CLOSE_WAIT: Duration = Duration::from_secs(5);
+
+/// What the reader of a connection answers to.
+struct Acks {
     waiters: Waiters,
     closed: watch::Sender<bool>,
-    out: mpsc::UnboundedSender<Bytes>,
-) {
+    out: mpsc::UnboundedSender<Outgoing>,
+    deliveries: mpsc::UnboundedSender<Delivery>,
+    /// CONNECT was sent without waiting: its CONNACK must be the first packet.
+    connack_due: bool,
+}
+
+/// Resolve the waiter of each PUBACK and SUBACK; hand each PUBLISH to a `bench/` topic to the fleet, then
+/// acknowledge it if it is QoS 1; mark the connection closed at the end (dropping every waiter, so the requests on
+/// it fail and are sent again on a new connection). Pipelining, the first packet must be an accepting CONNACK.
+async fn read_acks<R: AsyncRead + Unpin>(mut rd: ReadHalf<R>, mut buf: BytesMut, acks_to: Acks) {
+    let Acks {
+        waiters,
+        closed,
+        out,
+        deliveries,
+        mut connack_due,
+    } = acks_to;
+    let mut at = std::time::Instant::now();
     'read: loop {
+        let mut acks = BytesMut::new();
         loop {
-            match read_packet(&mut buf, CLIENT_MAX_PACKET) {
-                Ok(Some(Packet::PubAck(id))) => {
-                    if let Some(w) = lock(&waiters).remove(&id) {
-                        let _ = w.send(());
+            if connack_due {
+                match read_packet(&mut buf, CLIENT_MAX_PACKET) {
+                    Ok(Some(Packet::ConnAck(ack))) if ack.code == ConnectReturnCode::Accepted => {
+                        connack_due = false;
+                        continue;
                     }
+                    Ok(None) => break,
+                    // Refused, or anything before CONNACK [MQTT-3.2.0-1]: the connection is over.
+                    _ => break 'read,
                 }
+            }
+            let (id, reply) = match read_packet(&mut buf, CLIENT_MAX_PACKET) {
+                Ok(Some(Packet::PubAck(id))) => (id, Reply::PubAck),
+                Ok(Some(Packet::SubAck(ack))) => (ack.packet_id, Reply::SubAck(ack.return_codes)),
                 Ok(Some(Packet::Publish(p))) => {
-                    if let Some(id) = p.packet_id {
-                        let mut ack = BytesMut::new();
-                        let _ = Packet::PubAck(id).encode(&mut ack);
-                        let _ = out.send(ack.freeze());
+                    let message = p
+                        .topic
+                        .starts_with(BENCH_PREFIX)
+                        .then(|| fleet::message_id(&p.payload))
+                        .flatten();
+                    if let Some(id) = message {
+                        let qos = match p.qos {
+                            QoS::AtMostOnce => transport_core::QoS::AtMostOnce,
+                            _ => transport_core::QoS::AtLeastOnce,
+                        };
+                        let _ = deliveries.send(Delivery { id, qos, at });
                     }
+                    if let Some(id) = p.packet_id {
+                        let _ = Packet::PubAck(id).encode(&mut acks);
+                    }
+                    continue;
                 }
-                Ok(Some(_)) => {}
+                Ok(Some(_)) => continue,
                 Ok(None) => break,
                 Err(_) => break 'read,
+            };
+            if let Some(w) = lock(&waiters).remove(&id) {
+                let _ = w.send(reply);
             }
         }
+        if !acks.is_empty() {
+            let _ = out.send(Outgoing {
+                bytes: acks.freeze(),
+                written: None,
+            });
+        }
         match rd.read_buf(&mut buf).await {
-            Ok(n) if n > 0 => {}
+            Ok(n) if n > 0 => at = std::time::Instant::now(),
             _ => break,
         }
     }
@@ -367,20 +655,24 @@ async fn read_acks<R: AsyncRead + Unpin>(
     let _ = closed.send(true);
 }
 
-/// Write queued packets, several per write; PINGREQ after `keep_alive` without sending.
+/// Write queued packets, all that are queued in one write, then tell the QoS 0 publishers theirs are written;
+/// PINGREQ after `keep_alive` without sending.
 async fn write_packets<W: AsyncWrite + Unpin>(
     mut wr: WriteHalf<W>,
-    mut rx: mpsc::UnboundedReceiver<Bytes>,
+    mut rx: mpsc::UnboundedReceiver<Outgoing>,
     keep_alive: Duration,
 ) {
     let mut buf = BytesMut::new();
+    let mut written = Vec::new();
     loop {
         buf.clear();
         match tokio::time::timeout(keep_alive, rx.recv()).await {
             Ok(Some(first)) => {
-                buf.extend_from_slice(&first);
-                while let Ok(more) = rx.try_recv() {
-                    buf.extend_from_slice(&more);
+                let mut next = Some(first);
+                while let Some(o) = next {
+                    buf.extend_from_slice(&o.bytes);
+                    written.extend(o.written);
+                    next = rx.try_recv().ok();
                 }
             }
             Ok(None) => break,
@@ -390,6 +682,9 @@ async fn write_packets<W: AsyncWrite + Unpin>(
         }
         if wr.write_all(&buf).await.is_err() || wr.flush().await.is_err() {
             break;
+        }
+        for w in written.drain(..) {
+            let _ = w.send(());
         }
     }
     let _ = wr.shutdown().await;

@@ -11,6 +11,7 @@
 //!   devices, each with its own TLS connection, certificate and session.
 //! - [`transport`](mod@transport): the `mqtt` and `mqtt@mosquitto` transports for the suite's trait.
 //! - [`mosquitto`]: starts a real mosquitto with a generated configuration, never leaving it behind.
+//! - [`sys`]: reads a broker's numeric `$SYS` figure (mosquitto's heap) as a plain client.
 //!
 //! docs/mqtt.md says what the broker supports, statement by statement of the specification (`tests/normative.rs`).
 
@@ -18,6 +19,7 @@ pub mod broker;
 pub mod client;
 pub mod codec;
 pub mod mosquitto;
+pub mod sys;
 pub mod topic;
 pub mod transport;
 

@@ -1,24 +1,37 @@
 //! The `mqtt` transports for the suite's [`Transport`] trait.
 //!
 //! - `mqtt`: the in-tree broker over TLS 1.3 with client certificates, its order sink committing to the suite's
-//!   store before each PUBACK, its persistent sessions kept in the store's directory; the client side is `connfleet`
-//!   driving [`OrderConnector`].
+//!   store before each PUBACK, its persistent sessions kept in the store's directory; the client side is the
+//!   connection fleet driving [`OrderConnector`].
+//! - `mqtt:p256`, `mqtt:p256-rustcrypto`: the same with P-256 as the only TLS key exchange, P-256 done by aws-lc-rs's
+//!   assembly or by RustCrypto's `p256` ([`TlsCrypto`]), for the end-to-end half of seed 002's P-256 comparison.
+//! - `mqtt:resume`: TLS 1.3 session resumption, the broker's ticket key derived from its key file so that tickets
+//!   outlive a restart ([`transport_tls::tickets`]), one session cache per device.
+//! - `mqtt:early`: the client writes CONNECT as soon as its TLS handshake completes (its Finished just sent) and its
+//!   first PUBLISH right after, without waiting for CONNACK (MQTT 3.1.1 section 3.1.4): first contact in 3 round trips.
 //! - `mqtt@mosquitto`: a real mosquitto started by [`Mosquitto`] with the same PKI; the same client side. It has no
-//!   order sink (its PUBACK means received, not stored), so the order workloads do not apply to it.
+//!   order sink (its PUBACK means received, not stored), so the order workloads do not apply to it. Its count of
+//!   dropped messages is read from its `$SYS` tree ([`mosquitto::follow_dropped`]) into the server's `dropped`
+//!   counter, where the in-tree broker counts its own.
+//!
+//! Both relay published messages (topics `bench/<channel>`) as MQTT brokers do, by their own queue bounds
+//! (docs/workloads.md, "Relay semantics").
 
 use crate::broker::{BrokerConfig, Listener, RunningBroker};
 use crate::client::OrderConnector;
 use crate::mosquitto::{self, Mosquitto};
-use std::sync::Arc;
+use std::net::SocketAddr;
+use std::path::PathBuf;
 use std::time::Duration;
 use tokio::net::TcpListener;
+use tokio::sync::watch;
 use tokio_rustls::TlsAcceptor;
-use transport_conn::fleet::{ConnFleet, Policy};
+use transport_conn::fleet::ConnFleet;
 use transport_core::{
-    BoxFuture, Capabilities, Fleet, FleetConfig, MemorySource, Ready, ServeConfig, Spec, Support,
-    Transport, TransportError,
+    AsymCosts, BoxFuture, Capabilities, Fleet, FleetConfig, MemorySource, Ready, ServeConfig, Spec,
+    Support, Transport, TransportError,
 };
-use transport_tls::{self as tls, ClientTls, DeviceCredentials};
+use transport_tls::{self as tls, ClientTls, TlsCrypto};
 
 /// The variants this crate provides.
 pub const SPECS: &[Spec] = &[
@@ -27,6 +40,33 @@ pub const SPECS: &[Spec] = &[
         about: "MQTT 3.1.1 to the in-tree broker over TLS 1.3 with client certificates; an order is a QoS 1 PUBLISH \
                 to orders/<device>, PUBACK sent after the store's commit",
         make: || Box::new(Mqtt::in_tree()),
+    },
+    Spec {
+        name: "mqtt:p256",
+        about: "as `mqtt`, with P-256 as the only TLS key exchange (ECDSA P-256 certificates as always), all P-256 \
+                by aws-lc-rs's assembly",
+        make: || Box::new(Mqtt::in_tree().with_crypto("mqtt:p256", TlsCrypto::P256)),
+    },
+    Spec {
+        name: "mqtt:p256-rustcrypto",
+        about: "as `mqtt:p256`, every P-256 operation (key exchange, ECDSA signing and verification) by RustCrypto's \
+                portable p256 0.14 on both sides",
+        make: || {
+            Box::new(Mqtt::in_tree().with_crypto("mqtt:p256-rustcrypto", TlsCrypto::P256RustCrypto))
+        },
+    },
+    Spec {
+        name: "mqtt:resume",
+        about: "as `mqtt`, with TLS 1.3 session resumption: tickets under a key derived from the broker's key file \
+                (so they outlive a restart), one session cache per device; a resumed handshake still makes an \
+                X25519 on each side but no signature or verification",
+        make: || Box::new(Mqtt::in_tree().resuming("mqtt:resume")),
+    },
+    Spec {
+        name: "mqtt:early",
+        about: "as `mqtt`, the client sends CONNECT right after its TLS Finished and the first PUBLISH without \
+                waiting for CONNACK (MQTT 3.1.1 section 3.1.4): a first order in 3 round trips instead of 4",
+        make: || Box::new(Mqtt::in_tree().pipelining("mqtt:early")),
     },
     Spec {
         name: "mqtt@mosquitto",
@@ -50,6 +90,11 @@ pub struct Mqtt {
     spec: &'static str,
     server: Server,
     config: BrokerConfig,
+    crypto: TlsCrypto,
+    /// TLS 1.3 session resumption on both sides.
+    resume: bool,
+    /// The client sends packets after CONNECT without waiting for CONNACK.
+    early: bool,
 }
 
 impl Mqtt {
@@ -64,6 +109,9 @@ impl Mqtt {
             spec: "mqtt@mosquitto",
             server: Server::Mosquitto,
             config: BrokerConfig::default(),
+            crypto: TlsCrypto::Default,
+            resume: false,
+            early: false,
         }
     }
 
@@ -73,7 +121,32 @@ impl Mqtt {
             spec: "mqtt",
             server: Server::InTree,
             config,
+            crypto: TlsCrypto::Default,
+            resume: false,
+            early: false,
         }
+    }
+
+    /// The same broker and clients under another spec, their TLS with the key exchange and P-256 arithmetic
+    /// `crypto` names (both sides; the in-tree broker only).
+    pub fn with_crypto(mut self, spec: &'static str, crypto: TlsCrypto) -> Self {
+        self.spec = spec;
+        self.crypto = crypto;
+        self
+    }
+
+    /// The same under another spec, resuming TLS 1.3 sessions on both sides (the in-tree broker only).
+    pub fn resuming(mut self, spec: &'static str) -> Self {
+        self.spec = spec;
+        self.resume = true;
+        self
+    }
+
+    /// The same under another spec, its clients sending packets right after CONNECT without waiting for CONNACK.
+    pub fn pipelining(mut self, spec: &'static str) -> Self {
+        self.spec = spec;
+        self.early = true;
+        self
     }
 }
 
@@ -93,8 +166,8 @@ impl Transport for Mqtt {
         Capabilities {
             stored_answers,
             handshakes: Support::Yes,
-            disconnect: Support::No("the MQTT fleet does not close links on request yet"),
-            pubsub: Support::No("the MQTT fleet does not publish or subscribe yet"),
+            disconnect: Support::Yes,
+            pubsub: Support::Yes,
             memory,
         }
     }
@@ -106,11 +179,17 @@ impl Transport for Mqtt {
     fn serve(&self, config: ServeConfig) -> BoxFuture<'static, Result<(), TransportError>> {
         let server = self.server;
         let broker_config = self.config.clone();
+        let (crypto, resume) = (self.crypto, self.resume);
         Box::pin(async move {
             let public_key = tls::server_fingerprint(&config.identity)?;
             match server {
                 Server::InTree => {
-                    let tls = tls::server_config(&config.identity, config.counters.clone(), &[])?;
+                    let make = if resume {
+                        tls::resuming_server_config
+                    } else {
+                        tls::server_config_with
+                    };
+                    let tls = make(&config.identity, config.counters.clone(), &[], crypto)?;
                     let tcp = TcpListener::bind(config.listen).await?;
                     let addr = tcp.local_addr()?;
                     // Persistent sessions live beside the orders: both are the server's durable state.
@@ -130,50 +209,91 @@ impl Transport for Mqtt {
                     run.await
                 }
                 Server::Mosquitto => {
-                    let port = match config.listen.port() {
-                        0 => mosquitto::free_port()?,
-                        p => p,
-                    };
+                    // Port 0: mosquitto's start picks a free port (again, if another process takes it first).
+                    let port = config.listen.port();
                     let work = config.identity.join("mosquitto");
                     let m = Mosquitto::start(&config.identity, port, &work)
                         .await
                         .map_err(|e| TransportError::Config(e.to_string()))?;
+                    // Its drops are its own count, mirrored into the server's counters.
+                    let counters = config.counters.clone();
+                    let socket = m.sys_socket().to_path_buf();
+                    let mut sys = tokio::spawn(async move {
+                        mosquitto::follow_dropped(&socket, &counters.dropped).await
+                    });
                     let _ = config.ready.send(Ready {
                         addr: m.addr(),
                         public_key,
                         serving_pid: Some(m.pid()),
                     });
-                    while m.is_running() {
-                        tokio::time::sleep(Duration::from_millis(200)).await;
+                    loop {
+                        tokio::select! {
+                            ended = &mut sys => {
+                                // Without it the drops would read as zero: an error, never a zero.
+                                let why = match ended {
+                                    Ok(Err(e)) => e.to_string(),
+                                    _ => "stopped".into(),
+                                };
+                                return Err(TransportError::Protocol(format!(
+                                    "mosquitto's $SYS reader: {why}\n{}",
+                                    m.log_tail()
+                                )));
+                            }
+                            () = tokio::time::sleep(Duration::from_millis(200)) => {
+                                if !m.is_running() {
+                                    return Err(TransportError::Protocol(format!(
+                                        "mosquitto exited:\n{}",
+                                        m.log_tail()
+                                    )));
+                                }
+                            }
+                        }
                     }
-                    Err(TransportError::Protocol(format!(
-                        "mosquitto exited:\n{}",
-                        m.log_tail()
-                    )))
                 }
             }
         })
+    }
+
+    /// The in-tree broker's TLS operations, with its provider ([`tls::asym_costs`]); mosquitto's are OpenSSL's own,
+    /// not this code's, and it counts none.
+    fn asym_costs(&self) -> Option<AsymCosts> {
+        match self.server {
+            Server::InTree => tls::asym_costs(self.crypto),
+            Server::Mosquitto => None,
+        }
     }
 
     fn fleet(
         &self,
         config: FleetConfig,
     ) -> BoxFuture<'static, Result<Box<dyn Fleet>, TransportError>> {
+        let (crypto, resume, early) = (self.crypto, self.resume, self.early);
         Box::pin(async move {
-            let credentials = Arc::new(DeviceCredentials::load_for(
-                &config.identity,
-                config.devices,
-            )?);
-            let tls = ClientTls::new(credentials, config.counters.clone(), &[])?;
-            let connector = OrderConnector::new(config.server, tls);
-            let fleet = ConnFleet::start(
-                connector,
-                config.devices,
-                config.events,
-                config.counters,
-                Policy::default(),
-            );
-            Ok(Box::new(fleet) as Box<dyn Fleet>)
+            ConnFleet::from_config(config, |server, credentials, _, counters| {
+                let tls = ClientTls::with_crypto(credentials, counters, &[], crypto)?;
+                let tls = if resume { tls.resuming() } else { tls };
+                Ok(OrderConnector::new(server, tls).pipelining(early))
+            })
+        })
+    }
+
+    fn watch_memory(
+        &self,
+        server: SocketAddr,
+        identity: PathBuf,
+        device: u32,
+    ) -> BoxFuture<'static, Result<watch::Receiver<Option<u64>>, TransportError>> {
+        let memory = self.capabilities().memory;
+        Box::pin(async move {
+            match memory {
+                MemorySource::RssAndSysTopic(topic) => {
+                    crate::sys::watch_number(server, &identity, device, topic).await
+                }
+                // The in-tree broker's `$SYS/broker/memory/used` is its RSS, which the runner reads itself.
+                MemorySource::Rss => Err(TransportError::Unsupported(
+                    "the in-tree broker publishes no heap figure, only its RSS",
+                )),
+            }
         })
     }
 }

@@ -54,3 +54,86 @@ async fn devices_of_a_foreign_ca_are_refused() {
 // `spoofed_and_oversized_orders_are_refused` does not apply: MQTT 3.1.1 has no negative PUBACK, so the broker
 // answers an order in another device's name, or one too large to store, by closing the connection
 // (`tests/robustness.rs` checks that, and that nothing of it is stored).
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_fleet_of_a_slice_of_devices_keeps_their_numbers() {
+    testing::a_slice_keeps_device_numbers(&harness(12), 5, 7).await;
+}
+
+fn spec(name: &str) -> Box<dyn transport_core::Transport> {
+    (transport_mqtt::SPECS
+        .iter()
+        .find(|s| s.name == name)
+        .unwrap()
+        .make)()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn with_resumption_devices_reconnecting_to_the_restarted_broker_resume() {
+    const DEVICES: u32 = 20;
+    let h = Harness::new(spec("mqtt:resume"), DEVICES);
+    let after = testing::restart_resumes(&h, DEVICES).await;
+    assert!(after.resumed >= u64::from(DEVICES), "{after:?}");
+    // Without resumption the same run makes full handshakes only.
+    let full = testing::restart_loses_nothing(&harness(DEVICES), DEVICES).await;
+    assert_eq!(full.resumed, 0, "{full:?}");
+    assert!(full.sign >= u64::from(DEVICES), "{full:?}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn with_resumption_a_link_opened_again_resumes() {
+    let h = Harness::new(spec("mqtt:resume"), 1);
+    let s = testing::links_closed_on_request_are_new_handshakes_each(&h, 3).await;
+    assert_eq!(
+        (s.resumed, s.sign, s.verify, s.x25519),
+        (2, 1, 2, 6),
+        "{s:?}"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn pipelining_after_connect_every_order_is_stored_once_and_survives_a_restart() {
+    const DEVICES: u32 = 20;
+    let h = Harness::new(spec("mqtt:early"), DEVICES);
+    let (client, _) = testing::every_order_stored_once(&h, DEVICES).await;
+    assert_eq!(client.resumed, 0, "{client:?}");
+    let h = Harness::new(spec("mqtt:early"), DEVICES);
+    testing::restart_loses_nothing(&h, DEVICES).await;
+}
+
+/// A device that pipelines its order after a CONNECT the broker refuses (its identifier is not its certificate's
+/// name: here device 0 of a bundle that holds device 2's certificate) never has it stored: the refusing CONNACK
+/// closes the device's connection, the order stays pending for the next one, and nothing reaches the store (the
+/// broker processes nothing after a refused CONNECT [MQTT-3.1.4-5]; `normative` checks that on its own).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_order_pipelined_after_a_refused_connect_is_never_stored() {
+    use transport_conn::fleet::{ConnFleet, Policy};
+    use transport_core::{Fleet, LinkEvent};
+    let h = harness(3);
+    let server = h.server(testing::any_port());
+    let other = tempfile::tempdir().unwrap();
+    transport_tls::extract_device(&h.identity, 2, other.path()).unwrap();
+    let credentials = Arc::new(DeviceCredentials::load(other.path()).unwrap());
+    let counters = Arc::new(Counters::default());
+    let tls = ClientTls::new(credentials, counters.clone(), &[]).unwrap();
+    let connector = OrderConnector::new(server.addr, tls).pipelining(true);
+    let (events, mut rx) = tokio::sync::mpsc::unbounded_channel();
+    let fleet = ConnFleet::start(connector, 1, events, counters.clone(), Policy::default());
+    fleet.send(0, testing::order(0, 0));
+    tokio::time::sleep(std::time::Duration::from_millis(800)).await;
+    assert_eq!(fleet.pending(), 1);
+    fleet.close().await;
+    let events: Vec<_> = std::iter::from_fn(|| rx.try_recv().ok()).collect();
+    assert!(
+        events.iter().any(|e| matches!(e, LinkEvent::Lost { .. })),
+        "{events:?}"
+    );
+    assert!(
+        !events.iter().any(|e| matches!(e, LinkEvent::Stored { .. })),
+        "{events:?}"
+    );
+    let s = server.kill().await;
+    assert!(s.handshakes >= 1 && s.received == 0, "{s:?}");
+    let audit = transport_store::audit(&h.store_dir, &[], &[]).unwrap();
+    assert_eq!(audit.applied, 0);
+}

@@ -28,7 +28,7 @@ use transport_mqtt::client::{
 use transport_mqtt::codec::{
     ConnectReturnCode, Packet, Publish, QoS, Subscribe, SubscribeReturnCode,
 };
-use transport_mqtt::mosquitto::{self, device_pem, find_binary, Mosquitto};
+use transport_mqtt::mosquitto::{device_pem, find_binary, Mosquitto};
 use transport_tls::{ClientTls, DeviceCredentials};
 
 const SECOND: Duration = Duration::from_secs(1);
@@ -340,15 +340,14 @@ async fn the_in_tree_client_works_against_a_real_mosquitto() {
     let dir = tempfile::tempdir().unwrap();
     let identity = dir.path().join("id");
     transport_tls::write_pki(&identity, 3).unwrap();
-    let port = mosquitto::free_port().unwrap();
-    let m = Mosquitto::start(&identity, port, &dir.path().join("mosquitto"))
+    let m = Mosquitto::start(&identity, 0, &dir.path().join("mosquitto"))
         .await
         .unwrap();
     let conf = std::fs::read_to_string(m.config()).unwrap();
     for line in [
         "tls_version tlsv1.3",
         "require_certificate true",
-        &format!("listener {port} 127.0.0.1"),
+        &format!("listener {} 127.0.0.1", m.addr().port()),
     ] {
         assert!(
             conf.lines().any(|l| l == line),
@@ -509,6 +508,7 @@ async fn the_mosquitto_variant_serves_through_the_trait() {
         .fleet(transport_core::FleetConfig {
             server: addr,
             identity,
+            first: 0,
             devices: 2,
             events,
             counters: Arc::new(Counters::default()),

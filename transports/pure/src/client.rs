@@ -1,12 +1,17 @@
-//! The devices' UDP driver: a [`Fleet`] of [`Sender`]s sharing a few sockets.
+//! The devices' UDP driver: a [`Fleet`] of [`Sender`]s, by default each on a UDP socket of its own.
 //!
-//! Devices are spread over up to [`MAX_SHARDS`] shards; each shard is one tokio task with one UDP socket and the
-//! sans-IO senders of its devices. Answers and deliveries are routed to a device by the key id they carry, so the
-//! routing holds whether devices share a socket or not. Every device keeps its own key, runs, window and timers;
-//! sharing a socket only saves file descriptors (10,000 devices fit under a cap of 20,000 open files with room to
-//! spare).
+//! Devices are spread over shards; each shard is one tokio task with one UDP socket and the sans-IO senders of its
+//! devices. By default ([`Sockets::PerDevice`]) a shard is one device, so every device has its own source address,
+//! as devices on their own addresses do, and the receiver (which packs answers per destination address) answers
+//! each in datagrams of its own. 10,000 devices fit under this machine's 20,000 open files; a larger fleet is split
+//! over worker processes (`FleetConfig::first`). [`Sockets::Shared`] keeps at most [`MAX_SHARED_SOCKETS`] shards,
+//! whose devices share an address: the receiver then packs answers for many devices into one datagram, which saves
+//! system calls on both sides and which devices on their own addresses never allow; it is a named comparison
+//! (`+shared-sockets` variants), never the default. Answers and deliveries are routed to a device by the key id they
+//! carry, so the routing holds either way. Every device keeps its own key, runs, window and timers.
 //!
-//! Publish/subscribe: [`Fleet::subscribe`] resolves when the receiver answers the subscribe; [`Fleet::publish`]
+//! Publish/subscribe: [`Fleet::subscribe`] resolves when the receiver answers the subscribe, with an error when it
+//! refuses it (the device has as many channels as the relay keeps, as MQTT's SUBACK 0x80); [`Fleet::publish`]
 //! makes a payload of the asked size that starts with the message id, and reports [`LinkEvent::Accepted`] when the
 //! receiver answers it (QoS 1) or when it is handed to the socket (QoS 0); each subscribed device reports
 //! [`LinkEvent::Delivered`] once per message.
@@ -15,7 +20,6 @@ use crate::crypto::NodeKey;
 use crate::sender::{Sender, SenderConfig, SenderEvent};
 use crate::wire::{self, KeyId};
 use rand::rngs::StdRng;
-use rand::SeedableRng;
 use std::cmp::Reverse;
 use std::collections::{BinaryHeap, HashMap};
 use std::net::SocketAddr;
@@ -26,14 +30,43 @@ use tokio::net::UdpSocket;
 use tokio::sync::{mpsc, oneshot, watch};
 use transport_core::{BoxFuture, Counters, Fleet, LinkEvent, Order, Publish, QoS, TransportError};
 
-/// Shards (tasks and sockets) at most.
-pub const MAX_SHARDS: usize = 16;
+/// Sockets (and tasks) a fleet of [`Sockets::Shared`] uses at most.
+pub const MAX_SHARED_SOCKETS: usize = 16;
+
+/// The most devices a [`Sockets::PerDevice`] fleet gives a socket each: one process may hold 20,000 open files here.
+/// A larger fleet in one process (handshake-rate's never-met senders, each used for one order) shares
+/// [`MAX_SHARED_SOCKETS`] sockets instead; idle-links splits its links over worker processes so that every device
+/// keeps its own socket.
+pub const MAX_PER_DEVICE_SOCKETS: usize = 16_000;
+
+/// How a fleet's devices get their UDP sockets.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Sockets {
+    /// One socket, so one source address, per device: devices as they are (the default).
+    PerDevice,
+    /// At most [`MAX_SHARED_SOCKETS`] sockets for the whole fleet: answers for the devices behind one address
+    /// arrive packed in one datagram. A comparison, never the default.
+    Shared,
+}
+
+impl Sockets {
+    /// The sockets (shards) a fleet of `devices` devices uses.
+    pub fn count(self, devices: usize) -> usize {
+        match self {
+            Sockets::PerDevice if devices <= MAX_PER_DEVICE_SOCKETS => devices.max(1),
+            Sockets::PerDevice | Sockets::Shared => devices.clamp(1, MAX_SHARED_SOCKETS),
+        }
+    }
+}
 
 enum Command {
     Send(u32, Order),
-    Subscribe(u32, u32, QoS, oneshot::Sender<()>),
+    Subscribe(u32, u32, QoS, oneshot::Sender<Answered>),
     Publish(u32, Publish),
 }
+
+/// How the receiver answered a subscribe.
+type Answered = Result<(), TransportError>;
 
 /// The payload of message `id`: `size` bytes (at least 8) that start with the id.
 pub fn payload(id: u64, size: u32) -> Arc<[u8]> {
@@ -56,6 +89,8 @@ struct Outstanding {
 /// The devices of one run.
 pub struct PureFleet {
     shards: Vec<mpsc::UnboundedSender<Command>>,
+    /// The first device number of this fleet's slice: its devices are `first..first + devices`.
+    first: u32,
     devices: u32,
     outstanding: Arc<Outstanding>,
     stop: watch::Sender<bool>,
@@ -63,27 +98,34 @@ pub struct PureFleet {
 }
 
 impl PureFleet {
-    /// Create the devices' senders and start their shards.
+    /// Create the senders of devices `first..first + device_keys.len()` (`device_keys` in that order) and start
+    /// their shards, with sockets as `sockets` says.
+    #[allow(clippy::too_many_arguments)]
     pub async fn start(
         server: SocketAddr,
         receiver_public: [u8; 32],
+        first: u32,
         device_keys: Vec<NodeKey>,
         config: SenderConfig,
+        sockets: Sockets,
         events: mpsc::UnboundedSender<LinkEvent>,
         counters: Arc<Counters>,
     ) -> Result<PureFleet, TransportError> {
         let devices = device_keys.len() as u32;
-        let shards = device_keys.len().clamp(1, MAX_SHARDS);
+        let shards = sockets.count(device_keys.len());
         let outstanding = Arc::new(Outstanding::default());
         let (stop, stop_rx) = watch::channel(false);
         let mut per_shard: Vec<Vec<(u32, Sender)>> = (0..shards).map(|_| Vec::new()).collect();
         for (n, key) in device_keys.into_iter().enumerate() {
-            let rng = StdRng::from_os_rng();
+            let rng: StdRng = rand::make_rng();
             let sender = Sender::new(config.clone(), key, receiver_public, rng, counters.clone())
                 .map_err(|e| {
                 TransportError::Identity(format!("the receiver's public key: {e}"))
             })?;
-            per_shard[n % shards].push((n as u32, sender));
+            let device = first
+                .checked_add(n as u32)
+                .ok_or_else(|| TransportError::Config("device numbers overflow".into()))?;
+            per_shard[n % shards].push((device, sender));
         }
         let bind: SocketAddr = if server.is_ipv4() {
             "0.0.0.0:0"
@@ -94,14 +136,23 @@ impl PureFleet {
         .expect("valid");
         let mut txs = Vec::with_capacity(shards);
         let mut tasks = Vec::with_capacity(shards);
-        for devices in per_shard {
-            let socket = UdpSocket::bind(bind).await?;
+        for members in per_shard {
+            let socket = UdpSocket::bind(bind).await.map_err(|e| {
+                std::io::Error::new(
+                    e.kind(),
+                    format!(
+                        "socket {} of {shards} for {devices} devices ({sockets:?}): {e}; a larger fleet is split \
+                         over worker processes",
+                        txs.len() + 1
+                    ),
+                )
+            })?;
             transport_core::net::set_buffers(&socket, 4 << 20)?;
             let (tx, rx) = mpsc::unbounded_channel();
             let shard = Shard::new(
                 socket,
                 server,
-                devices,
+                members,
                 events.clone(),
                 outstanding.clone(),
                 counters.clone(),
@@ -111,6 +162,7 @@ impl PureFleet {
         }
         Ok(PureFleet {
             shards: txs,
+            first,
             devices,
             outstanding,
             stop,
@@ -120,9 +172,10 @@ impl PureFleet {
 }
 
 impl Fleet for PureFleet {
-    fn connect(&self, _device: u32) -> BoxFuture<'_, Result<(), TransportError>> {
-        // No handshake: the first record is already sealed.
-        Box::pin(async { Ok(()) })
+    fn connect(&self, device: u32) -> BoxFuture<'_, Result<(), TransportError>> {
+        // No handshake: the first record is already sealed. Only a device of this fleet can be used.
+        let known = self.check_device(device);
+        Box::pin(async { known })
     }
 
     fn send(&self, device: u32, order: Order) {
@@ -151,7 +204,7 @@ impl Fleet for PureFleet {
                     std::io::ErrorKind::BrokenPipe,
                     "the fleet closed before the subscription was answered",
                 ))
-            })
+            })?
         })
     }
 
@@ -183,19 +236,29 @@ impl Fleet for PureFleet {
 impl PureFleet {
     /// Hand a command to the shard of `device`.
     fn command(&self, device: u32, cmd: Command) -> Result<(), TransportError> {
-        if device >= self.devices {
-            return Err(TransportError::Config(format!(
-                "no device {device}: the fleet has {}",
-                self.devices
-            )));
-        }
-        let shard = device as usize % self.shards.len();
+        self.check_device(device)?;
+        let shard = (device - self.first) as usize % self.shards.len();
         self.shards[shard].send(cmd).map_err(|_| {
             TransportError::Io(std::io::Error::new(
                 std::io::ErrorKind::BrokenPipe,
                 "the fleet is closed",
             ))
         })
+    }
+
+    /// Whether `device` is one of this fleet's devices.
+    fn check_device(&self, device: u32) -> Result<(), TransportError> {
+        if device
+            .checked_sub(self.first)
+            .is_none_or(|n| n >= self.devices)
+        {
+            return Err(TransportError::Config(format!(
+                "no device {device}: the fleet has devices {}..{}",
+                self.first,
+                u64::from(self.first) + u64::from(self.devices)
+            )));
+        }
+        Ok(())
     }
 }
 
@@ -219,7 +282,7 @@ struct Shard {
     outstanding: Arc<Outstanding>,
     counters: Arc<Counters>,
     /// Subscriptions not answered yet, by (device index, channel).
-    waiters: HashMap<(usize, u32), Vec<oneshot::Sender<()>>>,
+    waiters: HashMap<(usize, u32), Vec<oneshot::Sender<Answered>>>,
 }
 
 impl Shard {
@@ -263,7 +326,8 @@ impl Shard {
         mut commands: mpsc::UnboundedReceiver<Command>,
         mut stop: watch::Receiver<bool>,
     ) {
-        let mut buf = vec![0u8; 65_536];
+        // One byte over the largest datagram a receiver sends: a longer one arrives cut and is dropped unread.
+        let mut buf = vec![0u8; wire::MAX_DATAGRAM + 1];
         loop {
             let next_timer = self.timers.peek().map(|Reverse((t, _))| *t);
             tokio::select! {
@@ -333,8 +397,8 @@ impl Shard {
     }
 
     fn datagram(&mut self, now: Instant, data: &[u8]) {
-        // The receiver packs the frames for one address into as few datagrams as fit, and the devices of a shard
-        // share that address: hand each device the run of frames that are its own.
+        // The receiver packs the frames for one address into as few datagrams as fit; with shared sockets the
+        // devices of a shard share that address: hand each device the run of frames that are its own.
         let mut at = 0;
         while at < data.len() {
             let Ok((first, used)) = wire::parse_frame(&data[at..]) else {
@@ -371,7 +435,16 @@ impl Shard {
                 }
                 SenderEvent::Subscribed(channel) => {
                     for w in self.waiters.remove(&(i, channel)).unwrap_or_default() {
-                        let _ = w.send(());
+                        let _ = w.send(Ok(()));
+                    }
+                    continue;
+                }
+                SenderEvent::Refused(channel) => {
+                    for w in self.waiters.remove(&(i, channel)).unwrap_or_default() {
+                        let _ = w.send(Err(TransportError::Protocol(format!(
+                            "the receiver refused device {device}'s subscription to channel {channel}: \
+                             it keeps no more channels for that device"
+                        ))));
                     }
                     continue;
                 }

@@ -29,7 +29,7 @@ use crate::wire::{Head, KeyId, Op, ENC_LEN, TAG_LEN};
 use aws_lc_rs::aead::{Aad, LessSafeKey, Nonce, UnboundKey, AES_256_GCM};
 use hkdf::Hkdf;
 use hpke::{Deserializable, OpModeR, OpModeS, Serializable};
-use rand_core::{CryptoRng, RngCore};
+use rand_core::CryptoRng;
 use sha2::Sha256;
 use std::path::Path;
 use std::sync::Arc;
@@ -60,7 +60,7 @@ impl std::fmt::Debug for NodeKey {
 
 impl NodeKey {
     /// A new random key.
-    pub fn generate<R: RngCore + CryptoRng>(rng: &mut R) -> NodeKey {
+    pub fn generate<R: CryptoRng>(rng: &mut R) -> NodeKey {
         let mut bytes = [0u8; 32];
         rng.fill_bytes(&mut bytes);
         NodeKey::from_secret(bytes)
@@ -285,7 +285,7 @@ impl WireKeys {
 
     /// Sender side of an HPKE auth-mode setup: a new encapsulated key and the wire keys. Costs three X25519
     /// (ephemeral key generation, and agreement of the ephemeral and of the static key with the receiver's).
-    pub fn hpke_sender<R: RngCore + CryptoRng>(
+    pub fn hpke_sender<R: CryptoRng>(
         rng: &mut R,
         sender: &NodeKey,
         receiver: &[u8; 32],
@@ -304,7 +304,7 @@ impl WireKeys {
 
     /// The receiver's side of the setup of one `hpke-per-request` delivery, from its static key to the device's
     /// (auth mode: the device knows the delivery is the receiver's). Costs three X25519.
-    pub fn hpke_delivery_sender<R: RngCore + CryptoRng>(
+    pub fn hpke_delivery_sender<R: CryptoRng>(
         rng: &mut R,
         receiver: &NodeKey,
         device: &[u8; 32],
@@ -321,29 +321,17 @@ impl WireKeys {
         WireKeys::hpke_receiver_info(device, receiver, enc, HPKE_DELIVERY_INFO)
     }
 
-    fn hpke_sender_info<R: RngCore + CryptoRng>(
+    fn hpke_sender_info<R: CryptoRng>(
         rng: &mut R,
         sender: &NodeKey,
         receiver: &[u8; 32],
         info: &[u8],
     ) -> ([u8; ENC_LEN], WireKeys) {
-        let sk = <Kem as hpke::Kem>::PrivateKey::from_bytes(&sender.secret_bytes())
-            .expect("32-byte key");
-        let pk = <Kem as hpke::Kem>::PublicKey::from_bytes(sender.public()).expect("32-byte key");
-        let pk_r = <Kem as hpke::Kem>::PublicKey::from_bytes(receiver).expect("32-byte key");
-        let (enc, ctx) = hpke::setup_sender::<ExportOnly, Kdf, Kem, _>(
-            &OpModeS::Auth((sk, pk)),
-            &pk_r,
-            info,
-            rng,
-        )
-        .expect("X25519 encapsulation to a valid key succeeds");
+        let (enc, ctx) = hpke_sender_context(rng, sender, receiver, info);
         let keys = WireKeys::from_hpke_exporter(|label, out| {
             ctx.export(label, out).expect("32-byte export")
         });
-        let mut enc_bytes = [0u8; ENC_LEN];
-        enc_bytes.copy_from_slice(&enc.to_bytes());
-        (enc_bytes, keys)
+        (enc, keys)
     }
 
     fn hpke_receiver_info(
@@ -352,14 +340,7 @@ impl WireKeys {
         enc: &[u8; ENC_LEN],
         info: &[u8],
     ) -> Result<WireKeys, OpenError> {
-        let sk = <Kem as hpke::Kem>::PrivateKey::from_bytes(&receiver.secret_bytes())
-            .expect("32-byte key");
-        let pk_s =
-            <Kem as hpke::Kem>::PublicKey::from_bytes(sender).map_err(|_| OpenError::Setup)?;
-        let enc = <Kem as hpke::Kem>::EncappedKey::from_bytes(enc).map_err(|_| OpenError::Setup)?;
-        let ctx =
-            hpke::setup_receiver::<ExportOnly, Kdf, Kem>(&OpModeR::Auth(pk_s), &sk, &enc, info)
-                .map_err(|_| OpenError::Setup)?;
+        let ctx = hpke_receiver_context(receiver, sender, enc, info)?;
         Ok(WireKeys::from_hpke_exporter(|label, out| {
             ctx.export(label, out).expect("32-byte export")
         }))
@@ -404,6 +385,45 @@ impl WireKeys {
             aead: aead_key(&k),
         }
     }
+}
+
+/// The sender's HPKE auth-mode setup (RFC 9180 section 5.1.3) with an ephemeral key from `rng`: the encapsulated
+/// key and the context whose exporter gives the wire keys.
+fn hpke_sender_context<R: CryptoRng>(
+    rng: &mut R,
+    sender: &NodeKey,
+    receiver: &[u8; 32],
+    info: &[u8],
+) -> ([u8; ENC_LEN], hpke::aead::AeadCtxS<ExportOnly, Kdf, Kem>) {
+    let sk =
+        <Kem as hpke::Kem>::PrivateKey::from_bytes(&sender.secret_bytes()).expect("32-byte key");
+    let pk = <Kem as hpke::Kem>::PublicKey::from_bytes(sender.public()).expect("32-byte key");
+    let pk_r = <Kem as hpke::Kem>::PublicKey::from_bytes(receiver).expect("32-byte key");
+    let (enc, ctx) = hpke::setup_sender_with_rng::<ExportOnly, Kdf, Kem>(
+        &OpModeS::Auth((sk, pk)),
+        &pk_r,
+        info,
+        rng,
+    )
+    .expect("X25519 encapsulation to a valid key succeeds");
+    let mut enc_bytes = [0u8; ENC_LEN];
+    enc_bytes.copy_from_slice(&enc.to_bytes());
+    (enc_bytes, ctx)
+}
+
+/// The receiver's side of [`hpke_sender_context`].
+fn hpke_receiver_context(
+    receiver: &NodeKey,
+    sender: &[u8; 32],
+    enc: &[u8; ENC_LEN],
+    info: &[u8],
+) -> Result<hpke::aead::AeadCtxR<ExportOnly, Kdf, Kem>, OpenError> {
+    let sk =
+        <Kem as hpke::Kem>::PrivateKey::from_bytes(&receiver.secret_bytes()).expect("32-byte key");
+    let pk_s = <Kem as hpke::Kem>::PublicKey::from_bytes(sender).map_err(|_| OpenError::Setup)?;
+    let enc = <Kem as hpke::Kem>::EncappedKey::from_bytes(enc).map_err(|_| OpenError::Setup)?;
+    hpke::setup_receiver::<ExportOnly, Kdf, Kem>(&OpModeR::Auth(pk_s), &sk, &enc, info)
+        .map_err(|_| OpenError::Setup)
 }
 
 /// The keys of the deliveries on one wire from one receiver run: one seals them (the receiver), the other tags the
@@ -601,6 +621,131 @@ mod tests {
             .deliver_keys(1)
             .open(Op::Deliver0, 3, b"h", &body)
             .is_err());
+    }
+
+    fn hex32(s: &str) -> [u8; 32] {
+        hex::decode(s).unwrap().try_into().unwrap()
+    }
+
+    /// RFC 7748 section 6.1: both key pairs and the shared secret, through `NodeKey`.
+    #[test]
+    fn node_keys_follow_rfc_7748() {
+        let alice = NodeKey::from_secret(hex32(
+            "77076d0a7318a57d3c16c17251b26645df4c2f87ebc0992ab177fba51db92c2a",
+        ));
+        let bob = NodeKey::from_secret(hex32(
+            "5dab087e624a8a4b79e17f8b83800ee66f3bb1292618b6fd1c2f8b27ff88e0eb",
+        ));
+        assert_eq!(
+            alice.public(),
+            &hex32("8520f0098930a754748b7ddcb43ef75a0dbf3a0d26381af4eba4a98eaa9b4e6a")
+        );
+        assert_eq!(
+            bob.public(),
+            &hex32("de9edb7d7b7dc1b4d35b61c2ece435373f8343c85b78674dadfc7e146f882b4f")
+        );
+        let shared = hex32("4a5d9d5ba4ce2de1728e3bf480350f25e07e21c947d19e3376f09b3c1e161742");
+        assert_eq!(alice.agree(bob.public()), Ok(shared));
+        assert_eq!(bob.agree(alice.public()), Ok(shared));
+        assert_eq!(alice.agree(&[0; 32]), Err(LowOrderKey));
+    }
+
+    /// An "RNG" that hands out fixed bytes: the ephemeral key's input (ikmE) of a published setup.
+    struct Fixed(Vec<u8>);
+
+    impl rand_core::TryRng for Fixed {
+        type Error = std::convert::Infallible;
+        fn try_next_u32(&mut self) -> Result<u32, Self::Error> {
+            unreachable!("HPKE draws the ephemeral key's input as bytes")
+        }
+        fn try_next_u64(&mut self) -> Result<u64, Self::Error> {
+            unreachable!("HPKE draws the ephemeral key's input as bytes")
+        }
+        fn try_fill_bytes(&mut self, dst: &mut [u8]) -> Result<(), Self::Error> {
+            assert!(
+                dst.len() <= self.0.len(),
+                "more bytes drawn than the vector has"
+            );
+            dst.copy_from_slice(&self.0[..dst.len()]);
+            self.0.drain(..dst.len());
+            Ok(())
+        }
+    }
+    impl rand_core::TryCryptoRng for Fixed {}
+
+    /// RFC 9180 appendix A.7.3: DHKEM(X25519, HKDF-SHA256), HKDF-SHA256, export-only AEAD, auth mode: the
+    /// construction of `pure:hpke-*`, through the functions the wire keys come from. The sender's setup with the
+    /// vector's ephemeral input gives its `enc`; both sides export its three values.
+    #[test]
+    fn hpke_setup_follows_rfc_9180_a_7_3() {
+        let info = hex::decode("4f6465206f6e2061204772656369616e2055726e").unwrap();
+        let ikm_e = hex::decode("43b078912a54b591a7b09b16ce89a1955a9dd60b29fb611e044260046e8b061b");
+        let receiver = NodeKey::from_secret(hex32(
+            "ed88cda0e91ca5da64b6ad7fc34a10f096fa92f0b9ceff9d2c55124304ed8b4a",
+        ));
+        let sender = NodeKey::from_secret(hex32(
+            "c85f136e06d72d28314f0e34b10aadc8d297e9d71d45a5662c2b7c3b9f9f9405",
+        ));
+        assert_eq!(
+            receiver.public(),
+            &hex32("ffd7ac24694cb17939d95feb7c4c6539bb31621deb9b96d715a64abdd9d14b10")
+        );
+        assert_eq!(
+            sender.public(),
+            &hex32("89eb1feae431159a5250c5186f72a15962c8d0debd20a8389d8b6e4996e14306")
+        );
+        let mut rng = Fixed(ikm_e.unwrap());
+        let (enc, at_sender) = hpke_sender_context(&mut rng, &sender, receiver.public(), &info);
+        assert_eq!(
+            enc,
+            hex32("5ac1671a55c5c3875a8afe74664aa8bc68830be9ded0c5f633cd96400e8b5c05")
+        );
+        assert!(rng.0.is_empty(), "the ephemeral key takes the whole ikmE");
+        let at_receiver = hpke_receiver_context(&receiver, sender.public(), &enc, &info).unwrap();
+        for (context, value) in [
+            (
+                "",
+                "83c1bac00a45ed4cb6bd8a6007d2ce4ec501f55e485c5642bd01bf6b6d7d6f0a",
+            ),
+            (
+                "00",
+                "08a1d1ad2af3ef5bc40232a64f920650eb9b1034fac3892f729f7949621bf06e",
+            ),
+            (
+                "54657374436f6e74657874",
+                "ff3b0e37a9954247fea53f251b799e2edd35aac7152c5795751a3da424feca73",
+            ),
+        ] {
+            let context = hex::decode(context).unwrap();
+            let (mut s, mut r) = ([0u8; 32], [0u8; 32]);
+            at_sender.export(&context, &mut s).unwrap();
+            at_receiver.export(&context, &mut r).unwrap();
+            assert_eq!(
+                (s, r),
+                (hex32(value), hex32(value)),
+                "context {context:02x?}"
+            );
+        }
+        // Another sender's key in the receiver's setup: other exports (auth mode binds the sender).
+        let other = hpke_receiver_context(&receiver, receiver.public(), &enc, &info).unwrap();
+        let mut o = [0u8; 32];
+        other.export(&[], &mut o).unwrap();
+        assert_ne!(
+            o,
+            hex32("83c1bac00a45ed4cb6bd8a6007d2ce4ec501f55e485c5642bd01bf6b6d7d6f0a")
+        );
+    }
+
+    /// RFC 5869 appendix A.1 (HKDF-SHA256): the expansion every record, answer and delivery key goes through,
+    /// split into two info parts as Pure passes them. The key is the first 32 bytes of the 42-byte OKM.
+    #[test]
+    fn key_expansion_follows_rfc_5869() {
+        let prk = hex32("077709362c2e32df0ddc3f0dc47bba6390b6c73bb50f9c3122ec844ad7c2b3e5");
+        let info = hex::decode("f0f1f2f3f4f5f6f7f8f9").unwrap();
+        assert_eq!(
+            expand(&prk, &[&info[..3], &info[3..]]),
+            hex32("3cb25f25faacd57a90434f64d0362f2a2d2d0a90cf1a5a4c5db02d56ecc4c5bf")
+        );
     }
 
     #[test]

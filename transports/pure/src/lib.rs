@@ -14,7 +14,8 @@
 //! - [`server`] and [`client`]: thin UDP drivers around the cores (tokio).
 //!
 //! The variants (`pure`, `pure:no-memo`, `pure:hpke-session`, `pure:hpke-per-request`, `pure:plain`) share the
-//! framing, the drivers and the store; they differ only in how a record is sealed. `docs/pure.md` is the
+//! framing, the drivers and the store; they differ only in how a record is sealed. Each device has its own UDP
+//! socket; every variant's `+shared-sockets` form lets its devices share 16 ([`client::Sockets`]). `docs/pure.md` is the
 //! specification.
 
 pub mod cache;
@@ -29,20 +30,22 @@ pub mod senders;
 pub mod server;
 pub mod wire;
 
+pub use crate::client::Sockets;
 use crate::crypto::NodeKey;
 use crate::receiver::{InMemorySecrets, Receiver, ReceiverConfig};
 use crate::sender::SenderConfig;
 use crate::senders::{AllowList, AllowedSender};
 use crate::wire::Kind;
 use rand::rngs::StdRng;
-use rand::{RngCore, SeedableRng};
+use rand::Rng;
 use std::path::Path;
 use transport_core::{
-    device_name, keys, sender_id, BoxFuture, Capabilities, Fleet, FleetConfig, MemorySource, Ready,
-    ServeConfig, Spec, Support, Transport, TransportError,
+    device_name, keys, sender_id, AsymCosts, BoxFuture, Capabilities, Fleet, FleetConfig,
+    MemorySource, Ready, ServeConfig, Spec, Support, Transport, TransportError,
 };
 
-/// The variants this crate provides.
+/// The variants this crate provides. Each seals in its own way; each has a `+shared-sockets` form whose devices
+/// share at most [`client::MAX_SHARED_SOCKETS`] sockets (a comparison: by default every device has its own).
 pub const SPECS: &[Spec] = &[
     Spec {
         name: "pure",
@@ -69,6 +72,75 @@ pub const SPECS: &[Spec] = &[
         about: "the same framing and store, no sealing (the ceiling)",
         make: || Box::new(Pure::new(Kind::Plain, false)),
     },
+    Spec {
+        name: "pure+shared-sockets",
+        about: "as `pure`, the devices sharing 16 sockets: answers for many devices packed in one datagram",
+        make: || Box::new(Pure::new(Kind::Link, true).with_sockets(Sockets::Shared)),
+    },
+    Spec {
+        name: "pure:no-memo+shared-sockets",
+        about: "as `pure:no-memo`, the devices sharing 16 sockets",
+        make: || Box::new(Pure::new(Kind::Link, false).with_sockets(Sockets::Shared)),
+    },
+    Spec {
+        name: "pure:hpke-session+shared-sockets",
+        about: "as `pure:hpke-session`, the devices sharing 16 sockets",
+        make: || Box::new(Pure::new(Kind::HpkeSession, false).with_sockets(Sockets::Shared)),
+    },
+    Spec {
+        name: "pure:hpke-per-request+shared-sockets",
+        about: "as `pure:hpke-per-request`, the devices sharing 16 sockets",
+        make: || Box::new(Pure::new(Kind::HpkePerRequest, false).with_sockets(Sockets::Shared)),
+    },
+    Spec {
+        name: "pure:plain+shared-sockets",
+        about: "as `pure:plain`, the devices sharing 16 sockets",
+        make: || Box::new(Pure::new(Kind::Plain, false).with_sockets(Sockets::Shared)),
+    },
+];
+
+/// Every variant: its spec, how it seals, whether it remembers link secrets, how its devices get sockets.
+const VARIANTS: [(&str, Kind, bool, Sockets); 10] = [
+    ("pure", Kind::Link, true, Sockets::PerDevice),
+    ("pure:no-memo", Kind::Link, false, Sockets::PerDevice),
+    (
+        "pure:hpke-session",
+        Kind::HpkeSession,
+        false,
+        Sockets::PerDevice,
+    ),
+    (
+        "pure:hpke-per-request",
+        Kind::HpkePerRequest,
+        false,
+        Sockets::PerDevice,
+    ),
+    ("pure:plain", Kind::Plain, false, Sockets::PerDevice),
+    ("pure+shared-sockets", Kind::Link, true, Sockets::Shared),
+    (
+        "pure:no-memo+shared-sockets",
+        Kind::Link,
+        false,
+        Sockets::Shared,
+    ),
+    (
+        "pure:hpke-session+shared-sockets",
+        Kind::HpkeSession,
+        false,
+        Sockets::Shared,
+    ),
+    (
+        "pure:hpke-per-request+shared-sockets",
+        Kind::HpkePerRequest,
+        false,
+        Sockets::Shared,
+    ),
+    (
+        "pure:plain+shared-sockets",
+        Kind::Plain,
+        false,
+        Sockets::Shared,
+    ),
 ];
 
 /// File names in the identity directory.
@@ -89,6 +161,7 @@ pub struct Pure {
     spec: &'static str,
     kind: Kind,
     memo: bool,
+    sockets: Sockets,
     /// Allowed senders given to the server (`NAME=KEY`, or `@FILE` for a file of such lines); empty: the list in
     /// the identity directory.
     senders: Vec<String>,
@@ -96,16 +169,10 @@ pub struct Pure {
 
 /// The variant for a spec such as `pure:plain`, or `None` if the spec is not a Pure variant.
 pub fn variant(spec: &str) -> Option<Pure> {
-    [
-        (Kind::Link, true),
-        (Kind::Link, false),
-        (Kind::HpkeSession, false),
-        (Kind::HpkePerRequest, false),
-        (Kind::Plain, false),
-    ]
-    .into_iter()
-    .map(|(kind, memo)| Pure::new(kind, memo))
-    .find(|p| p.spec == spec)
+    VARIANTS
+        .iter()
+        .find(|v| v.0 == spec)
+        .map(|&(_, kind, memo, sockets)| Pure::new(kind, memo).with_sockets(sockets))
 }
 
 fn identity_err(e: impl std::fmt::Display) -> TransportError {
@@ -113,21 +180,28 @@ fn identity_err(e: impl std::fmt::Display) -> TransportError {
 }
 
 impl Pure {
-    /// The variant sealing with `kind`, remembering link secrets in the memo if `memo`.
+    /// The variant sealing with `kind`, remembering link secrets in the memo if `memo` (only `Kind::Link` can), each
+    /// device on its own socket.
     pub fn new(kind: Kind, memo: bool) -> Pure {
-        let spec = match (kind, memo) {
-            (Kind::Link, true) => "pure",
-            (Kind::Link, false) => "pure:no-memo",
-            (Kind::HpkeSession, _) => "pure:hpke-session",
-            (Kind::HpkePerRequest, _) => "pure:hpke-per-request",
-            (Kind::Plain, _) => "pure:plain",
-        };
         Pure {
-            spec,
+            spec: "",
             kind,
             memo: memo && kind == Kind::Link,
+            sockets: Sockets::PerDevice,
             senders: Vec::new(),
         }
+        .with_sockets(Sockets::PerDevice)
+    }
+
+    /// The same variant with its devices' sockets as `sockets` says.
+    pub fn with_sockets(mut self, sockets: Sockets) -> Pure {
+        self.sockets = sockets;
+        self.spec = VARIANTS
+            .iter()
+            .find(|v| (v.1, v.2, v.3) == (self.kind, self.memo, sockets))
+            .expect("every combination is a variant")
+            .0;
+        self
     }
 
     /// The server takes records only from these senders (`NAME=KEY`, or `@FILE` for a file of such lines) instead
@@ -137,19 +211,35 @@ impl Pure {
         self
     }
 
+    /// How this variant seals its records.
+    pub fn kind(&self) -> Kind {
+        self.kind
+    }
+
     /// Whether this variant remembers link secrets across restarts.
     pub fn memo(&self) -> bool {
         self.memo
     }
 
-    fn load_device_keys(dir: &Path, devices: u32) -> Result<Vec<NodeKey>, TransportError> {
+    /// How this variant's devices get their sockets.
+    pub fn sockets(&self) -> Sockets {
+        self.sockets
+    }
+
+    /// The keys of devices `first..first + devices`.
+    fn load_device_keys(
+        dir: &Path,
+        first: u32,
+        devices: u32,
+    ) -> Result<Vec<NodeKey>, TransportError> {
         let path = dir.join(files::DEVICE_KEYS);
         let text = std::fs::read_to_string(&path)
             .map_err(|e| identity_err(format!("{}: {e}", path.display())))?;
         let keys = text
             .lines()
-            .take(devices as usize)
             .enumerate()
+            .skip(first as usize)
+            .take(devices as usize)
             .map(|(i, line)| {
                 keys::parse_key32(line.trim())
                     .map(NodeKey::from_secret)
@@ -158,10 +248,10 @@ impl Pure {
             .collect::<Result<Vec<_>, _>>()?;
         if keys.len() < devices as usize {
             return Err(identity_err(format!(
-                "{} has keys for {} devices, {} asked for",
+                "{} has keys for {} devices, devices {first}..{} asked for",
                 path.display(),
-                keys.len(),
-                devices
+                text.lines().count(),
+                u64::from(first) + u64::from(devices)
             )));
         }
         Ok(keys)
@@ -187,7 +277,7 @@ impl Transport for Pure {
 
     fn prepare(&self, dir: &Path, devices: u32) -> Result<(), TransportError> {
         std::fs::create_dir_all(dir)?;
-        let mut rng = StdRng::from_os_rng();
+        let mut rng: StdRng = rand::make_rng();
         let node = NodeKey::generate(&mut rng);
         node.save(&dir.join(files::NODE_KEY))
             .map_err(identity_err)?;
@@ -255,7 +345,7 @@ impl Transport for Pure {
                     session_capacity: 65_536,
                     secrets,
                     relay: relay::RelayConfig::default(),
-                    rng: StdRng::from_os_rng(),
+                    rng: rand::make_rng(),
                 },
                 config.counters.clone(),
             );
@@ -266,25 +356,67 @@ impl Transport for Pure {
         })
     }
 
+    /// The receiver's X25519 (a new sender's link secret, or an HPKE setup's; x25519-dalek either way): one
+    /// agreement with a peer's static key, as [`NodeKey::agree`] does it.
+    fn asym_costs(&self) -> Option<AsymCosts> {
+        let mut rng: StdRng = rand::make_rng();
+        let (ours, theirs) = (NodeKey::generate(&mut rng), NodeKey::generate(&mut rng));
+        let peer = *theirs.public();
+        ours.agree(&peer).ok()?;
+        let x25519 = AsymCosts::time(|| {
+            let _ = std::hint::black_box(ours.agree(std::hint::black_box(&peer)));
+        })?;
+        Some(AsymCosts {
+            x25519_us: Some(x25519),
+            ..AsymCosts::default()
+        })
+    }
+
     fn fleet(
         &self,
         config: FleetConfig,
     ) -> BoxFuture<'static, Result<Box<dyn Fleet>, TransportError>> {
-        let kind = self.kind;
+        let (kind, sockets) = (self.kind, self.sockets);
         Box::pin(async move {
             let receiver =
                 keys::read_key32(&config.identity.join(files::NODE_PUB)).map_err(identity_err)?;
-            let device_keys = Pure::load_device_keys(&config.identity, config.devices)?;
+            let device_keys =
+                Pure::load_device_keys(&config.identity, config.first, config.devices)?;
             let fleet = client::PureFleet::start(
                 config.server,
                 receiver,
+                config.first,
                 device_keys,
                 SenderConfig::new(kind),
+                sockets,
                 config.events,
                 config.counters,
             )
             .await?;
             Ok(Box::new(fleet) as Box<dyn Fleet>)
         })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn every_spec_is_a_variant_and_devices_have_their_own_sockets_unless_named() {
+        assert_eq!(SPECS.len(), VARIANTS.len());
+        for s in SPECS {
+            let made = (s.make)();
+            let found = variant(s.name).expect("every spec is found by name");
+            assert_eq!((made.spec(), found.spec()), (s.name, s.name));
+            let shared = s.name.ends_with("+shared-sockets");
+            assert_eq!(found.sockets() == Sockets::Shared, shared, "{}", s.name);
+            let base = variant(s.name.trim_end_matches("+shared-sockets")).unwrap();
+            assert_eq!((found.kind(), found.memo()), (base.kind(), base.memo()));
+        }
+        assert_eq!(Sockets::PerDevice.count(10_000), 10_000);
+        assert_eq!(Sockets::Shared.count(10_000), client::MAX_SHARED_SOCKETS);
+        assert_eq!(Sockets::Shared.count(3), 3);
+        assert!(variant("pure+shared").is_none());
     }
 }

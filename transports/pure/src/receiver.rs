@@ -121,9 +121,15 @@ struct LinkWire {
 
 /// Why a record was refused (each counted under its kind).
 enum Refused {
+    /// Does not parse as its kind says.
     Malformed,
+    /// Names no allowed sender.
     Unknown,
+    /// Does not open under the named sender's keys.
     Forged,
+    /// Opened, so its sender sealed it, but its fields are invalid or over a bound (a subscribe to more channels than
+    /// the relay keeps, answered with a refusal). Counted as malformed.
+    Invalid,
 }
 
 impl From<OpenError> for Refused {
@@ -145,7 +151,8 @@ struct Opened {
 /// What one datagram may still spend on HPKE setups.
 struct SetupBudget {
     left: usize,
-    /// A record of this datagram was refused: an honest device never sends one, so no more setups for it.
+    /// A record of this datagram did not open or named no allowed sender: no honest device sends one, so no more
+    /// setups for it.
     refused: bool,
 }
 
@@ -255,9 +262,11 @@ impl Receiver {
                 }
             };
             if let Err(e) = result {
-                budget.refused = true;
+                // A record that opened and was refused (over a bound) is still its sender's: the records packed
+                // after it keep their setups.
+                budget.refused |= !matches!(e, Refused::Invalid);
                 Counters::inc(match e {
-                    Refused::Malformed => &self.counters.refused_malformed,
+                    Refused::Malformed | Refused::Invalid => &self.counters.refused_malformed,
                     Refused::Unknown => &self.counters.refused_unknown,
                     Refused::Forged => &self.counters.refused_forged,
                 });
@@ -299,9 +308,9 @@ impl Receiver {
         let made = payload
             .first_chunk::<MADE_LEN>()
             .map(|m| u64::from_be_bytes(*m))
-            .ok_or(Refused::Malformed)?;
+            .ok_or(Refused::Invalid)?;
         payload.drain(..MADE_LEN);
-        let reply = self.reply(from, r, opened.answer.as_ref());
+        let reply = self.reply(from, r, opened.answer.as_ref(), false);
         self.orders.push(Order {
             id: OrderId {
                 sender: sender_id,
@@ -315,12 +324,22 @@ impl Receiver {
         Ok(())
     }
 
-    /// The answer to record `r`, tagged with `key` (none: plain).
-    fn reply(&self, to: SocketAddr, r: &Record<'_>, key: Option<&AnswerKey>) -> Reply {
+    /// The answer to record `r`, tagged with `key` (none: plain); a refusal if `refused` (subscribes only).
+    fn reply(
+        &self,
+        to: SocketAddr,
+        r: &Record<'_>,
+        key: Option<&AnswerKey>,
+        refused: bool,
+    ) -> Reply {
         let mut frame = [0u8; wire::ANSWER_HEADER_LEN + TAG_LEN];
         let mut buf = Vec::with_capacity(frame.len());
-        let header =
-            wire::put_answer_header(&mut buf, r.kind, r.op, &r.key_id, r.run, r.seq, self.run);
+        let (kind, id) = (r.kind, &r.key_id);
+        let header = if refused {
+            wire::put_refusal_header(&mut buf, kind, id, r.run, r.seq, self.run)
+        } else {
+            wire::put_answer_header(&mut buf, kind, r.op, id, r.run, r.seq, self.run)
+        };
         if let Some(key) = key {
             let tag = key.tag(r.op, r.seq, &buf[header]);
             buf.extend_from_slice(&tag);
@@ -335,7 +354,9 @@ impl Receiver {
 
     /// A subscribe or publish that opened. Subscribes and QoS 1 publishes are taken only when sealed for this
     /// receiver run, and answered at once (a stale one with this run, so the device seals it again for it);
-    /// numbers seen before on the wire are answered again and change nothing.
+    /// numbers seen before on the wire are answered again and change nothing. A subscribe for this run over the
+    /// channel bound is answered with a refusal, so that the device stops sending it; a copy seen before is answered
+    /// as the relay would answer it now (refused while the device holds as many other channels).
     fn pubsub(
         &mut self,
         now: Instant,
@@ -351,9 +372,10 @@ impl Receiver {
             p.get(8..12)
                 .map(|b| u32::from_be_bytes(b.try_into().expect("4 bytes"))),
         ) else {
-            return Err(Refused::Malformed);
+            return Err(Refused::Invalid);
         };
         let current = receiver_run == self.run;
+        let mut over_bound = false;
         let seen = self
             .seen
             .get_or_insert_with((index, r.run, r.op), ReplayWindow::default)
@@ -363,7 +385,7 @@ impl Receiver {
                 let qos = match p.get(12..) {
                     Some([0]) => QoS::AtMostOnce,
                     Some([1]) => QoS::AtLeastOnce,
-                    _ => return Err(Refused::Malformed),
+                    _ => return Err(Refused::Invalid),
                 };
                 if current && seen == Seen::New {
                     let (kind, run) = (self.kind, self.run);
@@ -376,16 +398,17 @@ impl Receiver {
                         }
                         (_, None) => Sealing::Plain,
                     };
-                    self.relay
+                    over_bound = self
+                        .relay
                         .subscribe(now, index, r.key_id, r.run, sealing, from, channel, qos)
-                        .map_err(|_| Refused::Malformed)?;
+                        .is_err();
                 }
             }
             Op::Publish1 | Op::Publish0 => {
                 let id = p
                     .get(12..20)
                     .map(|b| u64::from_be_bytes(b.try_into().expect("8 bytes")))
-                    .ok_or(Refused::Malformed)?;
+                    .ok_or(Refused::Invalid)?;
                 let qos = if r.op == Op::Publish1 {
                     QoS::AtLeastOnce
                 } else {
@@ -399,7 +422,7 @@ impl Receiver {
                     return Ok(());
                 }
             }
-            Op::Order | Op::Deliver1 | Op::Deliver0 => return Err(Refused::Malformed),
+            Op::Order | Op::Deliver1 | Op::Deliver0 => return Err(Refused::Invalid),
         }
         if seen == Seen::New && (current || r.op == Op::Publish0) {
             if let Some(w) = self.seen.get_mut(&(index, r.run, r.op)) {
@@ -407,8 +430,13 @@ impl Receiver {
             }
         }
         if r.op.answered() {
-            let reply = self.reply(from, r, opened.answer.as_ref());
+            let refused = r.op == Op::Subscribe && current && self.relay.refuses(index, channel);
+            let reply = self.reply(from, r, opened.answer.as_ref(), refused);
             self.answer(&reply);
+        }
+        if over_bound {
+            // Answered (refused), and counted as a record refused for what it says.
+            return Err(Refused::Invalid);
         }
         Ok(())
     }

@@ -204,6 +204,21 @@ impl Relay {
             .count()
     }
 
+    /// Whether allowed device `index` is subscribed to `channel`.
+    pub fn holds(&self, index: usize, channel: u32) -> bool {
+        self.subscribers
+            .get(&index)
+            .is_some_and(|s| s.qos(channel).is_some())
+    }
+
+    /// Whether a subscribe of allowed device `index` to `channel` is refused now: the device holds as many channels as
+    /// the relay keeps, and not this one.
+    pub fn refuses(&self, index: usize, channel: u32) -> bool {
+        self.subscribers
+            .get(&index)
+            .is_some_and(|s| s.qos(channel).is_none() && s.channels.len() >= self.config.channels)
+    }
+
     /// Messages held for subscribers (QoS 1 waiting and in flight, QoS 0 waiting).
     pub fn held(&self) -> usize {
         self.subscribers
@@ -227,10 +242,8 @@ impl Relay {
         channel: u32,
         qos: QoS,
     ) -> Result<(), TooManyChannels> {
-        if let Some(s) = self.subscribers.get(&index) {
-            if s.qos(channel).is_none() && s.channels.len() >= self.config.channels {
-                return Err(TooManyChannels);
-            }
+        if self.refuses(index, channel) {
+            return Err(TooManyChannels);
         }
         let flow = self.config.flow;
         let s = self.subscribers.entry(index).or_insert_with(|| Subscriber {

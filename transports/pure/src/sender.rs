@@ -9,7 +9,9 @@
 //! Subscriptions are soft state at the receiver: the device sends each again every [`SenderConfig::refresh`], and at
 //! once when an answer shows a receiver run it has not seen (the receiver restarted and forgot them). The receiver
 //! takes subscribes and QoS 1 publishes only when sealed for its current run and answers the others with that run;
-//! the device then sends them again, as new frames, for the run it now knows.
+//! the device then sends them again, as new frames, for the run it now knows. A subscribe the receiver refuses (the
+//! device has as many channels as the relay keeps) is answered with a refusal: final, as any answer, and the device
+//! stops asking for that channel.
 //!
 //! Every input takes `now`; the driver (or a test with a virtual clock) asks [`Sender::poll_timeout`] when to call
 //! [`Sender::handle_timeout`].
@@ -21,7 +23,7 @@ use crate::crypto::{
 use crate::flow::{Flight, Flow, FlowConfig, ReplayWindow, Seen, REPLAY_WINDOW};
 use crate::wire::{self, Frame, Head, Kind, Op, Record, ENC_LEN, MAX_DATAGRAM};
 use rand::rngs::StdRng;
-use rand::RngCore;
+use rand::Rng;
 use std::collections::VecDeque;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -60,6 +62,9 @@ pub enum SenderEvent {
     Stored(OrderId),
     /// The receiver answered a subscribe to this channel (at the first subscribe and every refresh).
     Subscribed(u32),
+    /// The receiver refused a subscribe to this channel (over its bound of channels per device): the device no longer
+    /// asks for it (unless another subscribe to it is still unanswered).
+    Refused(u32),
     /// A published message left: answered by the receiver (QoS 1) or handed to the driver (QoS 0). Reported once.
     Accepted(u64),
     /// A message arrived on a subscribed channel (reported once per message; repeats are answered, not reported).
@@ -207,6 +212,12 @@ impl Sender {
     /// The receiver run the device knows (0 before the first answer).
     pub fn receiver_run(&self) -> u64 {
         self.receiver_run
+    }
+
+    /// The channels this device asks for and refreshes, with their QoS: those of every `subscribe`, less those
+    /// refused.
+    pub fn subscriptions(&self) -> &[(u32, QoS)] {
+        &self.subscriptions
     }
 
     /// Frames handed over and not yet answered (or, QoS 0 publishes, not yet sent).
@@ -382,6 +393,13 @@ impl Sender {
         }
         self.events.push_back(match out.item {
             Item::Order(o) => SenderEvent::Stored(o.id),
+            Item::Subscribe { channel, .. } if a.refused => {
+                // Not refreshed any more: a refresh would only be refused again.
+                if !self.subscribing(channel) {
+                    self.subscriptions.retain(|(c, _)| *c != channel);
+                }
+                SenderEvent::Refused(channel)
+            }
             Item::Subscribe { channel, .. } => SenderEvent::Subscribed(channel),
             Item::Publish { id, .. } => SenderEvent::Accepted(id),
         });

@@ -1,28 +1,40 @@
 //! The receiver's UDP driver: one socket, the sans-IO [`Receiver`], and the store.
 //!
-//! Each turn reads every datagram that is waiting (up to a bound), commits all the orders they carried as one
-//! group, then sends the answers and the relay's deliveries (up to a bound, so that reading goes on under a fanout;
-//! what is left waits in the relay's bounded queues for the next turn). While a group commits, new datagrams wait in
-//! the socket's buffer and form the next group: group commit falls out of the loop without a timer. The only timer
-//! is the relay's next re-send.
+//! The loop reads what is waiting (up to a bound per turn), hands the orders it carried to the store as one group,
+//! and answers them once the group is committed. While a group commits (the store's thread writes and syncs it),
+//! the loop goes on reading and opening datagrams; what arrives meanwhile becomes the next group, committed as soon
+//! as the previous one is. Group commit falls out of the loop without a timer, and the receiver's work overlaps the
+//! sync instead of waiting for it. At most [`MAX_WAITING`] orders wait for the next group; beyond that the loop stops
+//! reading and datagrams wait in the socket's buffer. Each turn then sends the answers and the relay's deliveries
+//! (up to a bound, so that reading goes on under a fanout; what is left waits in the relay's bounded queues for the
+//! next turn). The only timer is the relay's next re-send.
 //!
 //! Nothing a peer sends can end the loop: answers go to a datagram's source address, which anyone can forge (port 0,
 //! a broadcast or unroutable address), so a send that fails is counted (`send_errors`) and dropped, and errors a
 //! peer's address causes on receive (ICMP reports) are skipped. Only the socket itself failing, or the store, ends it.
 
-use crate::receiver::Receiver;
+use crate::receiver::{Receiver, Reply};
 use crate::wire::MAX_DATAGRAM;
 use std::io;
 use std::time::Instant;
 use tokio::net::UdpSocket;
-use transport_core::commit::SharedStore;
-use transport_core::{Counters, TransportError};
+use transport_core::commit::{CommitError, Outcome, SharedStore};
+use transport_core::{BoxFuture, Counters, Order, TransportError};
 
 /// Datagrams read per turn at most, so answers keep flowing under a flood.
 const MAX_DATAGRAMS_PER_TURN: usize = 256;
 
 /// Datagrams sent per turn at most, so reading keeps up under a fanout.
 const MAX_SENDS_PER_TURN: usize = 1024;
+
+/// Orders read while a group commits, at most, before the loop stops reading.
+pub const MAX_WAITING: usize = 65_536;
+
+/// A group being committed and the answers that wait for it.
+type Committing = (
+    BoxFuture<'static, Result<Vec<Outcome>, CommitError>>,
+    Vec<Reply>,
+);
 
 /// Run the receiver until the socket or the store fails.
 pub async fn run(
@@ -33,34 +45,40 @@ pub async fn run(
     // One byte over the largest datagram: a longer one arrives cut to this length and is refused whole.
     let mut buf = vec![0u8; MAX_DATAGRAM + 1];
     let mut out = Vec::with_capacity(MAX_DATAGRAM);
+    let mut committing: Option<Committing> = None;
+    let (mut orders, mut replies): (Vec<Order>, Vec<Reply>) = (Vec::new(), Vec::new());
     loop {
-        // Wake for a datagram, for the relay's next re-send, or at once if the last turn left output waiting.
+        let room = orders.len() < MAX_WAITING;
+        // Wake for a datagram, for a committed group, for the relay's next re-send, or at once if the last turn
+        // left output waiting.
         let wake = if receiver.has_output() {
             Some(Instant::now())
         } else {
             receiver.poll_timeout()
         };
         tokio::select! {
-            r = socket.readable() => r?,
+            r = socket.readable(), if room => {
+                r?;
+                read(&socket, &mut receiver, &mut buf)?;
+                let (o, r) = receiver.take_deliveries();
+                orders.extend(o);
+                replies.extend(r);
+            }
+            done = async { (&mut committing.as_mut().expect("guarded").0).await }, if committing.is_some() => {
+                // Applied or already applied: either way the order is durable, so the answer is "stored".
+                done?;
+                let (_, answered) = committing.take().expect("guarded");
+                for reply in &answered {
+                    receiver.answer(reply);
+                }
+            }
             _ = sleep_until(wake) => {}
         }
         let now = Instant::now();
         receiver.handle_timeout(now);
-        for _ in 0..MAX_DATAGRAMS_PER_TURN {
-            match socket.try_recv_from(&mut buf) {
-                Ok((n, from)) => receiver.handle(now, from, &buf[..n]),
-                Err(e) if e.kind() == io::ErrorKind::WouldBlock => break,
-                Err(e) if caused_by_a_peer(&e) => continue,
-                Err(e) => return Err(e.into()),
-            }
-        }
-        let (orders, replies) = receiver.take_deliveries();
-        if !orders.is_empty() {
-            // Applied or already applied: either way the order is durable, so the answer is "stored".
-            store.commit(orders).await?;
-            for reply in &replies {
-                receiver.answer(reply);
-            }
+        if committing.is_none() && !orders.is_empty() {
+            let group = store.commit(std::mem::take(&mut orders));
+            committing = Some((group, std::mem::take(&mut replies)));
         }
         for _ in 0..MAX_SENDS_PER_TURN {
             let Some(to) = receiver.poll_transmit(now, &mut out) else {
@@ -79,6 +97,20 @@ async fn sleep_until(t: Option<Instant>) {
         Some(t) => tokio::time::sleep_until(t.into()).await,
         None => std::future::pending().await,
     }
+}
+
+/// Hand the receiver every datagram waiting, up to [`MAX_DATAGRAMS_PER_TURN`].
+fn read(socket: &UdpSocket, receiver: &mut Receiver, buf: &mut [u8]) -> io::Result<()> {
+    let now = Instant::now();
+    for _ in 0..MAX_DATAGRAMS_PER_TURN {
+        match socket.try_recv_from(buf) {
+            Ok((n, from)) => receiver.handle(now, from, &buf[..n]),
+            Err(e) if e.kind() == io::ErrorKind::WouldBlock => break,
+            Err(e) if caused_by_a_peer(&e) => continue,
+            Err(e) => return Err(e),
+        }
+    }
+    Ok(())
 }
 
 /// Errors a receive reports about an earlier send to some peer (ICMP unreachable, on kernels that report them on

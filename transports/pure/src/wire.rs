@@ -3,8 +3,9 @@
 //! A datagram carries one or more frames back to back. Every frame starts with a version byte and a kind byte, and
 //! is self-delimiting, so a receiver can walk a datagram without knowing any key. All integers are big-endian.
 //!
-//! The kind byte is `answer (bit 7) | op (bits 4-6) | variant (bits 0-3)`. The variant says how the frame is sealed
-//! (1 plain, 2 hpke-session, 3 hpke-per-request, 4 link); the op says what it carries:
+//! The kind byte is `answer (bit 7) | op (bits 4-6) | refused (bit 3) | variant (bits 0-2)`. The variant says how the
+//! frame is sealed (1 plain, 2 hpke-session, 3 hpke-per-request, 4 link); the op says what it carries; the refused
+//! bit is set only on an answer to a subscribe that the receiver refused (as MQTT's SUBACK return code 0x80):
 //!
 //! | op | frame | direction | answered |
 //! |---|---|---|---|
@@ -38,13 +39,15 @@
 //! The AEAD's associated data is the frame header (every byte before the body), so a changed kind, op, sender,
 //! run, number or variant header does not open.
 //!
-//! **Answer** (ops 0, 1, 2 receiver → device; op 4 device → receiver), the kind with the top bit set:
+//! **Answer** (ops 0, 1, 2 receiver → device; op 4 device → receiver), the kind with the top bit set, and for a
+//! refused subscribe [`REFUSED`] too:
 //!
 //! ```text
 //! version u8 = 1 | kind u8 | key id [8] | run u64 | number u64 | receiver run u64 | tag [16] (not for plain)
 //! ```
 //!
-//! The tag is an AEAD tag over the answer's header with an empty plaintext (see `docs/pure.md` for its key).
+//! The tag is an AEAD tag over the answer's header with an empty plaintext (see `docs/pure.md` for its key), so the
+//! refused bit is authenticated like every other header byte.
 
 use std::fmt;
 use transport_core::QoS;
@@ -65,6 +68,9 @@ pub const ANSWER_HEADER_LEN: usize = COMMON_LEN + 8;
 pub const MAX_DATAGRAM: usize = 1200;
 /// The plaintext prefix of an order: the time the order was made.
 pub const MADE_LEN: usize = 8;
+/// The bit of an answer's kind byte that says the record was refused: only on answers to subscribes (the relay keeps
+/// no more channels for that device). The variant is the three bits below it.
+pub const REFUSED: u8 = 0x08;
 
 /// A sender key id: the first [`KEY_ID_LEN`] bytes of its public key.
 pub type KeyId = [u8; KEY_ID_LEN];
@@ -219,7 +225,8 @@ pub enum WireError {
     Truncated,
     /// The version byte is not [`VERSION`].
     Version(u8),
-    /// The kind byte names no variant, no op, or an answer to an op that is never answered.
+    /// The kind byte names no variant, no op, an answer to an op that is never answered, or a refusal of anything but
+    /// a subscribe.
     Kind(u8),
     /// A body shorter than its fixed fields (and the tag if sealed).
     ShortBody,
@@ -297,6 +304,8 @@ pub struct Answer<'a> {
     pub seq: u64,
     /// The receiver's run.
     pub receiver_run: u64,
+    /// The receiver refused the record ([`REFUSED`]; subscribes only).
+    pub refused: bool,
     /// The header bytes, authenticated by the tag.
     pub header: &'a [u8],
     /// The tag (empty for `Plain`).
@@ -371,8 +380,12 @@ pub fn parse_frame(buf: &[u8]) -> Result<(Frame<'_>, usize), WireError> {
     }
     let kind_byte = buf[1];
     let answer = kind_byte & 0x80 != 0;
-    let kind = Kind::from_u8(kind_byte & 0x0f).ok_or(WireError::Kind(kind_byte))?;
+    let refused = kind_byte & REFUSED != 0;
+    let kind = Kind::from_u8(kind_byte & 0x07).ok_or(WireError::Kind(kind_byte))?;
     let op = Op::from_bits((kind_byte >> 4) & 0x07).ok_or(WireError::Kind(kind_byte))?;
+    if refused && !(answer && op == Op::Subscribe) {
+        return Err(WireError::Kind(kind_byte));
+    }
     let key_id: KeyId = buf[2..10].try_into().expect("8 bytes");
     let run = be_u64(buf, 10);
     let seq = be_u64(buf, 18);
@@ -391,6 +404,7 @@ pub fn parse_frame(buf: &[u8]) -> Result<(Frame<'_>, usize), WireError> {
             run,
             seq,
             receiver_run: be_u64(buf, COMMON_LEN),
+            refused,
             header: &buf[..ANSWER_HEADER_LEN],
             tag: &buf[ANSWER_HEADER_LEN..len],
         };
@@ -493,9 +507,41 @@ pub fn put_answer_header(
     receiver_run: u64,
 ) -> std::ops::Range<usize> {
     debug_assert!(op.answered());
+    put_answer(
+        out,
+        kind_byte(kind, op, true),
+        key_id,
+        run,
+        seq,
+        receiver_run,
+    )
+}
+
+/// Append the header of an answer that refuses subscribe `seq` ([`REFUSED`]); the caller appends the tag (sealed
+/// kinds). Returns the header's range.
+pub fn put_refusal_header(
+    out: &mut Vec<u8>,
+    kind: Kind,
+    key_id: &KeyId,
+    run: u64,
+    seq: u64,
+    receiver_run: u64,
+) -> std::ops::Range<usize> {
+    let byte = kind_byte(kind, Op::Subscribe, true) | REFUSED;
+    put_answer(out, byte, key_id, run, seq, receiver_run)
+}
+
+fn put_answer(
+    out: &mut Vec<u8>,
+    kind_byte: u8,
+    key_id: &KeyId,
+    run: u64,
+    seq: u64,
+    receiver_run: u64,
+) -> std::ops::Range<usize> {
     let start = out.len();
     out.push(VERSION);
-    out.push(kind_byte(kind, op, true));
+    out.push(kind_byte);
     out.extend_from_slice(key_id);
     out.extend_from_slice(&run.to_be_bytes());
     out.extend_from_slice(&seq.to_be_bytes());
@@ -632,6 +678,43 @@ mod tests {
     }
 
     #[test]
+    fn only_an_answer_to_a_subscribe_can_be_a_refusal() {
+        for kind in KINDS {
+            let mut dg = Vec::new();
+            let header = put_refusal_header(&mut dg, kind, &[3; 8], 4, 5, 6);
+            assert_eq!(dg[1], 0x98 | kind as u8);
+            dg.resize(kind.answer_len(), 0xee);
+            let (Frame::Answer(a), used) = parse_frame(&dg).unwrap() else {
+                panic!("{kind:?}: an answer")
+            };
+            assert_eq!(used, kind.answer_len(), "as long as any answer");
+            assert_eq!(
+                (a.op, a.refused, a.seq, a.receiver_run, a.header),
+                (Op::Subscribe, true, 5, 6, &dg[header])
+            );
+            let mut kept = Vec::new();
+            put_answer_header(&mut kept, kind, Op::Subscribe, &[3; 8], 4, 5, 6);
+            kept.resize(kind.answer_len(), 0xee);
+            let (Frame::Answer(a), _) = parse_frame(&kept).unwrap() else {
+                panic!("{kind:?}: an answer")
+            };
+            assert!(!a.refused);
+            // The bit on any other answer, or on a record, names no kind.
+            for op in OPS {
+                for answer in [false, true] {
+                    if answer && op == Op::Subscribe {
+                        continue;
+                    }
+                    let mut dg = vec![0u8; 200];
+                    dg[0] = VERSION;
+                    dg[1] = kind_byte(kind, op, answer) | REFUSED;
+                    assert_eq!(parse_frame(&dg).unwrap_err(), WireError::Kind(dg[1]));
+                }
+            }
+        }
+    }
+
+    #[test]
     fn malformed_frames_are_errors_not_panics() {
         assert_eq!(parse_frame(&[1, 2]).unwrap_err(), WireError::Truncated);
         let mut dg = Vec::new();
@@ -674,8 +757,13 @@ mod tests {
         let kinds: Vec<u8> = KINDS
             .iter()
             .flat_map(|&k| {
-                OPS.iter()
-                    .flat_map(move |&o| [kind_byte(k, o, false), kind_byte(k, o, true)])
+                OPS.iter().flat_map(move |&o| {
+                    [
+                        kind_byte(k, o, false),
+                        kind_byte(k, o, true),
+                        kind_byte(k, o, true) | REFUSED,
+                    ]
+                })
             })
             .collect();
         for len in 0..4000usize {

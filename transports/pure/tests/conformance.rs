@@ -8,7 +8,14 @@ fn harness(spec: &str, devices: u32) -> Harness {
     Harness::new(Box::new(transport_pure::variant(spec).unwrap()), devices)
 }
 
-const VARIANTS: [&str; 4] = ["pure", "pure:no-memo", "pure:hpke-session", "pure:plain"];
+/// Each device on its own socket, and (the named comparison) devices sharing sockets.
+const VARIANTS: [&str; 5] = [
+    "pure",
+    "pure:no-memo",
+    "pure:hpke-session",
+    "pure:plain",
+    "pure:plain+shared-sockets",
+];
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn every_variant_stores_every_order_once() {
@@ -20,7 +27,9 @@ async fn every_variant_stores_every_order_once() {
         // device at most (the link secret, or the HPKE session's setup), none for plain.
         let n = u64::from(DEVICES);
         match spec {
-            "pure:plain" => assert_eq!(server.asym_ops(), 0, "{spec}: {server:?}"),
+            "pure:plain" | "pure:plain+shared-sockets" => {
+                assert_eq!(server.asym_ops(), 0, "{spec}: {server:?}")
+            }
             _ => assert!(server.x25519 <= 2 * n, "{spec}: {server:?}"),
         }
         assert_eq!(
@@ -36,5 +45,47 @@ async fn a_killed_receiver_restarted_on_its_port_loses_nothing_and_applies_nothi
     const DEVICES: u32 = 20;
     for spec in VARIANTS {
         testing::restart_loses_nothing(&harness(spec, DEVICES), DEVICES).await;
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_fleet_of_a_slice_of_devices_keeps_their_numbers() {
+    for spec in VARIANTS {
+        testing::a_slice_keeps_device_numbers(&harness(spec, 12), 5, 7).await;
+    }
+}
+
+/// Over real UDP: a subscription past the relay's bound of channels per device is refused, and `Fleet::subscribe`
+/// says so (as an MQTT client's SUBSCRIBE answered with return code 0x80); the device's subscriptions it holds and
+/// its orders go on.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_subscription_over_the_channel_bound_is_refused_by_the_fleet_and_orders_go_on() {
+    use std::collections::HashMap;
+    use transport_core::QoS;
+    use transport_pure::relay::RelayConfig;
+    for spec in VARIANTS {
+        let h = harness(spec, 1);
+        let server = h.server(testing::any_port());
+        let (fleet, mut events, _) = h.fleet(server.addr, 1).await;
+        let bound = RelayConfig::default().channels as u32;
+        for channel in 0..bound {
+            fleet.subscribe(0, channel, QoS::AtMostOnce).await.unwrap();
+        }
+        let refused = fleet
+            .subscribe(0, bound, QoS::AtMostOnce)
+            .await
+            .unwrap_err();
+        let message = refused.to_string();
+        assert!(
+            message.contains("refused") && message.contains(&format!("channel {bound}")),
+            "{spec}: {message}"
+        );
+        // A channel it holds, asked for again, is no new channel: kept.
+        fleet.subscribe(0, 0, QoS::AtLeastOnce).await.unwrap();
+        let order = testing::order(0, 0);
+        fleet.send(0, order.clone());
+        testing::wait_stored(&mut events, &[order.id], &mut HashMap::new()).await;
+        fleet.close().await;
+        server.kill().await;
     }
 }

@@ -3,7 +3,7 @@
 //! rule of `docs/pure.md` ("What each hostile input does") it holds to.
 
 use rand::rngs::StdRng;
-use rand::{Rng, SeedableRng};
+use rand::{RngExt, SeedableRng};
 use std::net::SocketAddr;
 use std::sync::Arc;
 use std::time::Instant;

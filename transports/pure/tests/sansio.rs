@@ -3,7 +3,7 @@
 //! tested in transport-store and end to end in the runner's tests). Orders first, then publish/subscribe.
 
 use rand::rngs::StdRng;
-use rand::{Rng, SeedableRng};
+use rand::{RngExt, SeedableRng};
 use std::collections::{HashMap, HashSet};
 use std::net::SocketAddr;
 use std::sync::Arc;
@@ -11,6 +11,7 @@ use std::time::{Duration, Instant};
 use transport_core::{Counters, Order, OrderId, QoS};
 use transport_pure::crypto::NodeKey;
 use transport_pure::receiver::Receiver;
+use transport_pure::relay::RelayConfig;
 use transport_pure::sender::{Sender, SenderConfig, SenderEvent};
 use transport_pure::wire::{self, Frame, Kind};
 
@@ -43,6 +44,8 @@ struct Pair {
     events: Vec<(usize, SenderEvent)>,
     /// Every datagram a sender sent, for inspection.
     sent: Vec<(usize, Vec<u8>)>,
+    /// Every datagram the receiver sent, with the sender it went to.
+    answered: Vec<(usize, Vec<u8>)>,
 }
 
 impl Pair {
@@ -72,6 +75,7 @@ impl Pair {
             stored_events: Vec::new(),
             events: Vec::new(),
             sent: Vec::new(),
+            answered: Vec::new(),
         }
     }
 
@@ -153,6 +157,7 @@ impl Pair {
         let by_addr: HashMap<SocketAddr, usize> =
             (0..self.senders.len()).map(|i| (addr(i), i)).collect();
         while let Some(to) = self.receiver.poll_transmit(self.now, &mut buf) {
+            self.answered.push((by_addr[&to], buf.clone()));
             self.transmit(false, by_addr[&to], &buf.clone());
         }
         for i in 0..self.senders.len() {
@@ -729,7 +734,7 @@ fn qos1_back_pressure_reaches_the_publisher_and_nothing_is_dropped() {
     // re-sends carry them once it is back. Nothing is dropped, the relay never holds more than its bound.
     let mut p = Pair::new(Kind::Link, 3, 0.0, 34);
     p.subscribe_all(QoS::AtLeastOnce);
-    let bound = transport_pure::relay::RelayConfig::default().held;
+    let bound = RelayConfig::default().held;
     p.publish(0..(bound as u64 + 300), QoS::AtLeastOnce);
     let mut most = 0;
     let cut = p.now + Duration::from_secs(3);
@@ -752,6 +757,59 @@ fn qos1_back_pressure_reaches_the_publisher_and_nothing_is_dropped() {
         assert_eq!(sorted(p.delivered(i)), (0..n).collect::<Vec<_>>(), "{i}");
     }
     assert_eq!(p.receiver_counters.snapshot().dropped, 0);
+}
+
+#[test]
+fn a_refused_subscription_is_answered_once_never_sent_again_and_orders_keep_flowing() {
+    // A device asks for one channel more than the relay keeps and makes an order a second for 150 s: past the 80 s
+    // after which its unanswered subscribe used to hold its numbering back, and nothing behind it left, orders
+    // included (docs/fuzzing.md, finding 4).
+    for kind in ALL {
+        let mut p = Pair::new(kind, 1, 0.0, 36);
+        let bound = RelayConfig::default().channels as u32;
+        for channel in 0..=bound {
+            p.senders[0].subscribe(p.now, channel, QoS::AtMostOnce);
+        }
+        for seq in 0..150 {
+            p.push(0, 1, seq);
+            p.run_for(Duration::from_secs(1));
+        }
+        p.drive(Duration::from_secs(10));
+        assert_eq!(p.stored_events.len(), 150, "{kind:?}: every order stored");
+        assert_eq!(p.senders[0].pending(), 0, "{kind:?}");
+        let refused: Vec<_> = p
+            .events
+            .iter()
+            .filter(|(_, e)| matches!(e, SenderEvent::Refused(_)))
+            .collect();
+        assert_eq!(refused, [&(0, SenderEvent::Refused(bound))], "{kind:?}");
+        // Answered once, by the receiver, and that subscribe's record sent once: never re-sent, never refreshed.
+        let refusals: Vec<(u64, u64)> = p
+            .answered
+            .iter()
+            .flat_map(|(_, d)| wire::frames(d).map(|f| f.unwrap()).collect::<Vec<_>>())
+            .filter_map(|f| match f {
+                Frame::Answer(a) if a.refused => Some((a.run, a.seq)),
+                _ => None,
+            })
+            .collect();
+        assert_eq!(refusals.len(), 1, "{kind:?}: {refusals:?}");
+        let sent = p
+            .sent
+            .iter()
+            .flat_map(|(_, d)| records(d))
+            .filter(|r| r.op == wire::Op::Subscribe && (r.run, r.seq) == refusals[0])
+            .count();
+        assert_eq!(sent, 1, "{kind:?}");
+        // Its other subscriptions were kept and refreshed all along.
+        assert!(p.receiver.relay().holds(0, 0) && !p.receiver.relay().holds(0, bound));
+        let refreshed = p
+            .events
+            .iter()
+            .filter(|(_, e)| *e == SenderEvent::Subscribed(0))
+            .count();
+        assert!(refreshed >= 25, "{kind:?}: {refreshed}");
+    }
 }
 
 #[test]

@@ -294,3 +294,120 @@ async fn an_allowed_device_cannot_store_orders_as_another_through_its_session() 
     assert_eq!(server.counters.snapshot().refused_forged, 2);
     server.task.abort();
 }
+
+/// A store that holds each commit until the test lets it through, and says how large each group was.
+struct GatedStore {
+    inner: StoreHandle,
+    groups: tokio::sync::mpsc::UnboundedSender<usize>,
+    gate: Arc<tokio::sync::Semaphore>,
+}
+
+impl transport_core::commit::OrderStore for GatedStore {
+    fn commit(
+        &self,
+        orders: Vec<Order>,
+    ) -> transport_core::BoxFuture<
+        'static,
+        Result<Vec<transport_core::commit::Outcome>, transport_core::commit::CommitError>,
+    > {
+        let (inner, gate) = (self.inner.clone(), self.gate.clone());
+        let _ = self.groups.send(orders.len());
+        Box::pin(async move {
+            gate.acquire().await.unwrap().forget();
+            Ok(inner.commit(orders).await?)
+        })
+    }
+}
+
+#[tokio::test]
+async fn the_server_reads_the_next_group_while_one_commits_and_answers_only_what_is_durable() {
+    let keys = Keys::new(1, &mut StdRng::seed_from_u64(33));
+    let dir = tempfile::tempdir().unwrap();
+    let (store, _) = Store::open(dir.path(), SyncPolicy::Batch).unwrap();
+    let (groups_tx, mut groups) = tokio::sync::mpsc::unbounded_channel();
+    let gate = Arc::new(tokio::sync::Semaphore::new(0));
+    let socket = UdpSocket::bind("127.0.0.1:0").await.unwrap();
+    let addr = socket.local_addr().unwrap();
+    let counters = Arc::new(Counters::default());
+    let receiver = keys.receiver(Kind::HpkeSession, 7, 1024, &counters);
+    let task = tokio::spawn(transport_pure::server::run(
+        socket,
+        receiver,
+        Arc::new(GatedStore {
+            inner: StoreHandle::spawn(store),
+            groups: groups_tx,
+            gate: gate.clone(),
+        }),
+    ));
+    let mut device = Device::new(&keys, Kind::HpkeSession, 0, 5).await;
+    let mut send = |seqs: std::ops::Range<u64>| {
+        let now = Instant::now();
+        for seq in seqs {
+            let id = OrderId {
+                sender: 0,
+                run: 5,
+                seq,
+            };
+            device.sender.push(
+                now,
+                Order {
+                    id,
+                    made_us: 1,
+                    payload: vec![1; 16],
+                },
+            );
+        }
+        let mut datagrams = Vec::new();
+        let mut out = Vec::new();
+        while device.sender.poll_transmit(now, &mut out) {
+            datagrams.push(out.clone());
+        }
+        datagrams
+    };
+    let wait = Duration::from_secs(5);
+    let first = send(0..10);
+    for d in &first {
+        device.socket.send_to(d, addr).await.unwrap();
+    }
+    assert_eq!(
+        tokio::time::timeout(wait, groups.recv()).await.unwrap(),
+        Some(10)
+    );
+    // The first group is committing (held at the gate); ten more orders arrive meanwhile.
+    for d in &send(10..20) {
+        device.socket.send_to(d, addr).await.unwrap();
+    }
+    let mut buf = vec![0u8; 2048];
+    let quiet = tokio::time::timeout(
+        Duration::from_millis(300),
+        device.socket.recv_from(&mut buf),
+    );
+    assert!(
+        quiet.await.is_err(),
+        "an answer came before its group was durable"
+    );
+    // The server read them while it waited: they are received and opened, and wait for the next group.
+    assert_eq!(counters.snapshot().received, 20);
+    gate.add_permits(1);
+    // The first group is answered; the second, all ten orders read during the first commit, commits as one.
+    assert_eq!(
+        tokio::time::timeout(wait, groups.recv()).await.unwrap(),
+        Some(10)
+    );
+    let mut stored = Vec::new();
+    gate.add_permits(1);
+    while stored.len() < 20 {
+        let (n, _) = tokio::time::timeout(wait, device.socket.recv_from(&mut buf))
+            .await
+            .expect("every order answered")
+            .unwrap();
+        device.sender.handle(Instant::now(), &buf[..n]);
+        while let Some(SenderEvent::Stored(id)) = device.sender.poll_event() {
+            stored.push(id.seq);
+        }
+    }
+    stored.sort_unstable();
+    assert_eq!(stored, (0..20).collect::<Vec<_>>());
+    assert_eq!(store::read_log(dir.path()).unwrap().len(), 20);
+    task.abort();
+}

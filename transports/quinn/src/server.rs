@@ -1,12 +1,16 @@
 //! The server side: a quinn endpoint that stores orders and answers "stored".
 //!
-//! Per connection (a task each): the handshake (counted in `handshakes`), the device's identity from its
-//! certificate's common name, then one loop accepting bidirectional streams. Per stream, the shared step
-//! ([`quic::answer_order`]): one order frame in; the order's sender must be the certificate's device (else
-//! `Refused`, counted in `refused_unknown`); the order is committed to the store; then one `Stored` frame out and
-//! the stream finished. Every connection and stream lives inside the [`serve`] future, so dropping it stops them
-//! all.
+//! Per connection (a task each): the handshake (counted in `handshakes`, and in `resumed` if it resumed a session
+//! under `quinn:resume`; one not done within
+//! [`quic::HANDSHAKE_TIMEOUT`] is given up and counted in `timed_out`), the device's identity from its
+//! certificate's common name, then one loop accepting bidirectional streams, each served by the shared step
+//! ([`quic::serve_stream`]) as its first frame says. An order stream: one order frame in; the order's sender must be
+//! the certificate's device (else `Refused`, counted in `refused_unknown`); the order is committed to the store;
+//! then one `Stored` frame out and the stream finished. A subscription or publish stream: the relay
+//! ([`transport_conn::relay`]) until it ends. Every connection and stream lives inside the [`serve`] future, so
+//! dropping it stops them all.
 
+use crate::resume::{self, ObservedServer};
 use futures::stream::{self, Stream};
 use quinn::crypto::rustls::QuicServerConfig;
 use quinn::{Endpoint, EndpointConfig, Incoming, RecvStream, SendStream, VarInt};
@@ -15,10 +19,9 @@ use std::net::SocketAddr;
 use std::path::Path;
 use std::sync::Arc;
 use std::time::Duration;
-use transport_conn::quic::{self, codes, Served};
-use transport_core::commit::SharedStore;
+use transport_conn::quic::{self, codes, Served, Serving};
 use transport_core::{net, sender_id, Counters, ServeConfig, TransportError};
-use transport_tls as tls;
+use transport_tls::{self as tls, TlsCrypto};
 
 /// The HKDF salt of the keys derived from the server's key file ([`tls::server_secret`]).
 const SALT: &[u8] = b"lb-bench quinn endpoint";
@@ -74,19 +77,43 @@ impl quinn::crypto::HmacKey for ResetKey {
     }
 }
 
-/// Run the server until the future is dropped (or the endpoint fails).
-pub async fn serve(config: ServeConfig) -> Result<(), TransportError> {
-    quic::serve(config, start, connection).await
+/// Run the server until the future is dropped (or the endpoint fails), its TLS with the key exchange and P-256
+/// arithmetic `crypto` names, resuming sessions if `resume`.
+pub async fn serve(
+    config: ServeConfig,
+    crypto: TlsCrypto,
+    resume: bool,
+) -> Result<(), TransportError> {
+    quic::serve(config, |config| start(config, crypto, resume), connection).await
 }
 
 /// The endpoint on `config.listen`: its address, and the connections it accepts.
 fn start(
     config: &ServeConfig,
+    crypto: TlsCrypto,
+    resume: bool,
 ) -> Result<(SocketAddr, impl Stream<Item = Incoming>), TransportError> {
-    let tls = tls::server_config(&config.identity, config.counters.clone(), &[quic::ALPN])?;
-    let crypto =
-        QuicServerConfig::try_from(tls).map_err(|e| TransportError::Config(e.to_string()))?;
-    let mut server_config = quinn::ServerConfig::with_crypto(Arc::new(crypto));
+    let make = if resume {
+        tls::resuming_server_config
+    } else {
+        tls::server_config_with
+    };
+    let tls = make(
+        &config.identity,
+        config.counters.clone(),
+        &[quic::ALPN],
+        crypto,
+    )?;
+    let crypto: Arc<dyn quinn::crypto::ServerConfig> = Arc::new(
+        QuicServerConfig::try_from(tls).map_err(|e| TransportError::Config(e.to_string()))?,
+    );
+    // Resuming, each session is observed to count the handshakes that resumed.
+    let crypto = if resume {
+        Arc::new(ObservedServer(crypto))
+    } else {
+        crypto
+    };
+    let mut server_config = quinn::ServerConfig::with_crypto(crypto);
     server_config.transport_config(Arc::new(crate::transport_config(false)));
     let secrets = DerivedSecrets::derive(&config.identity)?;
     let mut endpoint_config = EndpointConfig::new(Arc::new(secrets.reset_key));
@@ -121,17 +148,28 @@ fn refused_certificate(error: &quinn::ConnectionError) -> bool {
     matches!(code.checked_sub(0x100), Some(42..=46 | 48 | 49 | 116))
 }
 
-async fn connection(incoming: Incoming, store: SharedStore, counters: Arc<Counters>) {
-    let conn = match incoming.await {
-        Ok(conn) => conn,
-        Err(e) => {
+async fn connection(incoming: Incoming, serving: Arc<Serving>) {
+    let counters = &serving.counters;
+    let conn = match tokio::time::timeout(quic::HANDSHAKE_TIMEOUT, incoming).await {
+        Ok(Ok(conn)) => conn,
+        Ok(Err(e)) => {
             if refused_certificate(&e) {
                 Counters::inc(&counters.refused_unknown);
+            } else if e == quinn::ConnectionError::TimedOut {
+                Counters::inc(&counters.timed_out);
             }
+            return;
+        }
+        // Half-open: the handshake is dropped (quinn closes the connection) and counted.
+        Err(_) => {
+            Counters::inc(&counters.timed_out);
             return;
         }
     };
     Counters::inc(&counters.handshakes);
+    if resume::resumed(&conn) {
+        Counters::inc(&counters.resumed);
+    }
     let sender = conn
         .peer_identity()
         .and_then(|identity| {
@@ -154,22 +192,13 @@ async fn connection(incoming: Incoming, store: SharedStore, counters: Arc<Counte
         let stream = conn.accept_bi().await.ok()?;
         Some((stream, conn))
     });
-    quic::serve_each(streams, |(send, recv)| {
-        order_stream(send, recv, sender, &store, &counters)
-    })
-    .await;
+    quic::serve_each(streams, |(send, recv)| stream(send, recv, sender, &serving)).await;
 }
 
-/// One order in, one answer out ([`quic::answer_order`]); the stream finished or reset as it says.
-async fn order_stream(
-    mut send: SendStream,
-    mut recv: RecvStream,
-    sender: u64,
-    store: &SharedStore,
-    counters: &Counters,
-) {
+/// One stream served ([`quic::serve_stream`]); then finished or reset as it says.
+async fn stream(mut send: SendStream, mut recv: RecvStream, sender: u64, serving: &Serving) {
     let code = |code| VarInt::from_u32(code);
-    match quic::answer_order(&mut recv, &mut send, sender, store.as_ref(), counters).await {
+    match quic::serve_stream(&mut recv, &mut send, sender, serving).await {
         Served::Answered => {
             let _ = send.finish();
         }

@@ -1,6 +1,7 @@
 //! The client side: one s2n-quic client endpoint (one UDP socket) shared by every device of a fleet, one connection
-//! per device with that device's own certificate ([`crate::tls::DeviceTls`]), one bidirectional stream per order.
-//! Re-sending and reconnecting are the shared connection fleet's
+//! per device with that device's own certificate ([`crate::tls::DeviceTls`]), one bidirectional stream per order,
+//! publish/subscribe through the relay's streams ([`transport_conn::relay`]). Re-sending and reconnecting are the
+//! shared connection fleet's
 //! ([`ConnFleet`](transport_conn::fleet::ConnFleet)).
 
 use crate::events::{Events, Side};
@@ -15,16 +16,40 @@ use std::net::SocketAddr;
 use std::path::Path;
 use std::sync::Arc;
 use std::time::Duration;
-use transport_conn::fleet::{Answer, Connector};
+use transport_conn::fleet::{Answer, Connector, Deliveries, SubAck};
 use transport_conn::quic;
+use transport_conn::relay::client::{OpenStream, RecvHalf, SendHalf};
+use transport_conn::relay::RelayClient;
 use transport_core::{framing, net};
-use transport_core::{BoxFuture, Counters, Order, TransportError};
+use transport_core::{BoxFuture, Counters, Order, Publish, QoS, TransportError};
 use transport_tls::DeviceCredentials;
 
-/// One device's live connection: a handle to open streams on, and a future that resolves when it closes.
+/// One device's live connection: a handle to open streams on, a future that resolves when it closes, and its relay
+/// streams.
 pub struct S2nConn {
     handle: Handle,
     closed: Shared<BoxFuture<'static, ()>>,
+    relay: RelayClient,
+}
+
+/// Opens bidirectional streams on `conn` for the relay (and for tests that speak the relay protocol by hand).
+pub fn opener(conn: &S2nConn) -> OpenStream {
+    opener_on(&conn.handle)
+}
+
+fn opener_on(handle: &Handle) -> OpenStream {
+    let handle = handle.clone();
+    Arc::new(move || {
+        let mut handle = handle.clone();
+        Box::pin(async move {
+            let stream = handle
+                .open_bidirectional_stream()
+                .await
+                .map_err(|e| TransportError::protocol("open stream", e))?;
+            let (recv, send) = stream.split();
+            Ok((Box::new(recv) as RecvHalf, Box::new(send) as SendHalf))
+        })
+    })
 }
 
 /// Opens devices' s2n-quic connections for the connection fleet ([`transport_conn::fleet`]).
@@ -129,9 +154,11 @@ impl Connector for S2nConnector {
             // The server never opens streams, so the acceptor only ever answers when the connection is gone.
             let closed: BoxFuture<'static, ()> =
                 Box::pin(async move { while let Ok(Some(_)) = acceptor.accept().await {} });
+            let relay = RelayClient::new(opener_on(&handle));
             Ok(S2nConn {
                 handle,
                 closed: closed.shared(),
+                relay,
             })
         })
     }
@@ -164,6 +191,35 @@ impl Connector for S2nConnector {
 
     fn close(&self, conn: S2nConn) {
         conn.handle.close(0u8.into());
+    }
+
+    /// As quinn's: CONNECTION_CLOSE with application code 0 (no error), immediate; the server drains the
+    /// connection on receipt (RFC 9000, 10.2).
+    fn disconnect(&self, conn: S2nConn) -> BoxFuture<'static, Result<(), TransportError>> {
+        conn.handle.close(0u8.into());
+        Box::pin(async { Ok(()) })
+    }
+
+    fn subscribe(
+        &self,
+        conn: &S2nConn,
+        channel: u32,
+        qos: QoS,
+    ) -> BoxFuture<'static, Result<SubAck, TransportError>> {
+        conn.relay.subscribe(channel, qos)
+    }
+
+    fn publish(
+        &self,
+        conn: &S2nConn,
+        message: &Publish,
+        _again: bool,
+    ) -> BoxFuture<'static, Result<(), TransportError>> {
+        conn.relay.publish(message)
+    }
+
+    fn deliveries(&self, conn: &mut S2nConn) -> Option<Deliveries> {
+        conn.relay.deliveries()
     }
 
     fn shutdown(&self) -> BoxFuture<'_, ()> {

@@ -6,7 +6,10 @@
 //!
 //! - **the device's name**: the common name of the client's end-entity certificate (server side only);
 //! - **refusals**: a connection the server closes during its handshake with a certificate alert (unknown CA, bad or
-//!   missing certificate) counts one [`Counters::refused_unknown`], as the quinn transport counts them;
+//!   missing certificate) counts one [`Counters::refused_unknown`], as the quinn transport counts them; a handshake
+//!   given up because the peer went silent counts one [`Counters::timed_out`]; a datagram the endpoint drops counts
+//!   one [`Counters::refused_unroutable`] (no connection has its connection id) or [`Counters::refused_malformed`]
+//!   (it does not decode, or names an unsupported version);
 //! - **derived asymmetric operations** (s2n-tls only, see below).
 //!
 //! # Derived asymmetric operations (s2n-tls)
@@ -146,6 +149,16 @@ pub fn refused_certificate(error: &s2n_quic::connection::Error) -> bool {
         )
 }
 
+/// Whether a handshake ended because the peer went silent: the handshake's time ran out
+/// ([`quic::HANDSHAKE_TIMEOUT`](transport_conn::quic::HANDSHAKE_TIMEOUT), s2n-quic's default) or the idle timer did.
+pub fn gave_up(error: &s2n_quic::connection::Error) -> bool {
+    matches!(
+        error,
+        s2n_quic::connection::Error::MaxHandshakeDurationExceeded { .. }
+            | s2n_quic::connection::Error::IdleTimerExpired { .. }
+    )
+}
+
 impl Subscriber for Events {
     type ConnectionContext = ConnState;
 
@@ -195,10 +208,29 @@ impl Subscriber for Events {
         _meta: &ConnectionMeta,
         event: &events::ConnectionClosed,
     ) {
-        if self.side == Side::Server && !context.handshake_done && refused_certificate(&event.error)
-        {
-            Counters::inc(&self.counters.refused_unknown);
+        if self.side != Side::Server || context.handshake_done {
+            return;
         }
+        if refused_certificate(&event.error) {
+            Counters::inc(&self.counters.refused_unknown);
+        } else if gave_up(&event.error) {
+            Counters::inc(&self.counters.timed_out);
+        }
+    }
+
+    fn on_endpoint_datagram_dropped(
+        &mut self,
+        _meta: &events::EndpointMeta,
+        event: &events::EndpointDatagramDropped,
+    ) {
+        if self.side != Side::Server {
+            return;
+        }
+        use events::DatagramDropReason as Why;
+        Counters::inc(match event.reason {
+            Why::UnknownDestinationConnectionId { .. } => &self.counters.refused_unroutable,
+            _ => &self.counters.refused_malformed,
+        });
     }
 }
 

@@ -35,7 +35,8 @@ pub use client::S2nConnector;
 use transport_conn::fleet::ConnFleet;
 use transport_conn::quic;
 use transport_core::{
-    BoxFuture, Capabilities, Fleet, FleetConfig, ServeConfig, Spec, Transport, TransportError,
+    AsymCosts, BoxFuture, Capabilities, Fleet, FleetConfig, ServeConfig, Spec, Transport,
+    TransportError,
 };
 
 /// The TLS provider of a variant.
@@ -117,6 +118,13 @@ impl Transport for S2nQuic {
 
     fn serve(&self, config: ServeConfig) -> BoxFuture<'static, Result<(), TransportError>> {
         Box::pin(server::serve(self.provider, config))
+    }
+
+    /// The rustls provider's operations are [`transport_tls::asym_costs`]'s code exactly. s2n-tls calls aws-lc (C)
+    /// itself, with no hook; its costs are measured with the same aws-lc through aws-lc-rs, the nearest this
+    /// process can call.
+    fn asym_costs(&self) -> Option<AsymCosts> {
+        transport_tls::asym_costs(transport_tls::TlsCrypto::Default)
     }
 
     fn fleet(

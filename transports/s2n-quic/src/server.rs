@@ -2,10 +2,12 @@
 //!
 //! Per connection: the handshake (counted in `handshakes` when s2n-quic hands over the connection), the device's
 //! identity from its verified certificate's common name (read by the event subscriber, [`crate::events`]), then
-//! one loop accepting bidirectional streams. Per stream, the shared step ([`quic::answer_order`]): one order frame
-//! in; the order's sender must be the certificate's device (else `Refused`, counted in `refused_unknown`); the order
-//! is committed to the store; then one `Stored` frame out and the stream finished. An order the store can never hold
-//! (payload over 65,535 bytes) is refused (`refused_malformed`) rather than failed, so it is not sent again forever.
+//! one loop accepting bidirectional streams, each served by the shared step ([`quic::serve_stream`]) as its first
+//! frame says. An order stream: one order frame in; the order's sender must be the certificate's device (else
+//! `Refused`, counted in `refused_unknown`); the order is committed to the store; then one `Stored` frame out and the
+//! stream finished. An order the store can never hold (payload over 65,535 bytes) is refused (`refused_malformed`)
+//! rather than failed, so it is not sent again forever. A subscription or publish stream: the relay
+//! ([`transport_conn::relay`]) until it ends.
 //!
 //! s2n-quic drives all connections from one endpoint task (its own, on the runtime `serve` runs in); the stream
 //! work (reading frames, waiting for the store) runs in one task per connection, so with `--server-threads N` it
@@ -19,8 +21,7 @@ use futures::stream;
 use s2n_quic::stream::BidirectionalStream;
 use std::net::SocketAddr;
 use std::sync::Arc;
-use transport_conn::quic::{self, codes, Served};
-use transport_core::commit::SharedStore;
+use transport_conn::quic::{self, codes, Served, Serving};
 use transport_core::{net, sender_id, Counters, ServeConfig, TransportError};
 
 /// Start an s2n-quic server endpoint with the given TLS provider (a macro because each provider makes the builder
@@ -75,7 +76,8 @@ fn start(
     Ok((server.local_addr()?, server))
 }
 
-async fn connection(conn: s2n_quic::Connection, store: SharedStore, counters: Arc<Counters>) {
+async fn connection(conn: s2n_quic::Connection, serving: Arc<Serving>) {
+    let counters = &serving.counters;
     Counters::inc(&counters.handshakes);
     let sender = conn
         .query_event_context(|state: &ConnState| state.device.clone())
@@ -97,21 +99,13 @@ async fn connection(conn: s2n_quic::Connection, store: SharedStore, counters: Ar
             .flatten()?;
         Some((stream, acceptor))
     });
-    quic::serve_each(streams, |stream| {
-        order_stream(stream, sender, &store, &counters)
-    })
-    .await;
+    quic::serve_each(streams, |stream| serve_stream(stream, sender, &serving)).await;
 }
 
-/// One order in, one answer out ([`quic::answer_order`]); the stream finished or reset as it says.
-async fn order_stream(
-    stream: BidirectionalStream,
-    sender: u64,
-    store: &SharedStore,
-    counters: &Counters,
-) {
+/// One stream served ([`quic::serve_stream`]); then finished or reset as it says.
+async fn serve_stream(stream: BidirectionalStream, sender: u64, serving: &Serving) {
     let (mut recv, mut send) = stream.split();
-    match quic::answer_order(&mut recv, &mut send, sender, store.as_ref(), counters).await {
+    match quic::serve_stream(&mut recv, &mut send, sender, serving).await {
         Served::Answered => {
             let _ = send.finish();
         }

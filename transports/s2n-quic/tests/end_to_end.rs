@@ -101,6 +101,22 @@ async fn orders_in_another_devices_name_or_too_large_to_store_are_refused(provid
     testing::spoofed_and_oversized_orders_are_refused(&h, connector(provider, &h)).await;
 }
 
+async fn the_relay_delivers_every_message_once_to_each_subscriber(provider: Provider) {
+    let counts =
+        testing::every_message_delivered_once_to_each_subscriber(&harness(provider, 5)).await;
+    assert_eq!(counts.received, 100, "{counts:?}");
+}
+
+async fn qos1_deliveries_never_acknowledged_go_again_on_the_next_connection(provider: Provider) {
+    let h = harness(provider, 2);
+    testing::unacknowledged_qos1_goes_again_on_the_next_connection(
+        &h,
+        connector(provider, &h),
+        transport_s2n_quic::client::opener,
+    )
+    .await;
+}
+
 /// The same checks for each variant, as separate tests.
 macro_rules! variant_tests {
     ($($module:ident => $provider:expr),* $(,)?) => {$(
@@ -108,6 +124,13 @@ macro_rules! variant_tests {
             use super::*;
 
             #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn links_closed_on_request_are_a_new_handshake_each() {
+    for provider in Provider::ALL {
+        testing::links_closed_on_request_are_new_handshakes_each(&harness(provider, 1), 3).await;
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
             async fn fifty_devices_store_every_order_once_and_count_their_handshakes() {
                 every_order_stored_once_and_handshakes_counted($provider).await;
             }
@@ -132,6 +155,17 @@ macro_rules! variant_tests {
             async fn orders_in_another_devices_name_or_too_large_to_store_are_refused() {
                 super::orders_in_another_devices_name_or_too_large_to_store_are_refused($provider).await;
             }
+
+            #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+            async fn the_relay_delivers_every_message_once_to_each_subscriber() {
+                super::the_relay_delivers_every_message_once_to_each_subscriber($provider).await;
+            }
+
+            #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+            async fn qos1_deliveries_never_acknowledged_go_again_on_the_next_connection() {
+                super::qos1_deliveries_never_acknowledged_go_again_on_the_next_connection($provider)
+                    .await;
+            }
         }
     )*};
 }
@@ -139,4 +173,9 @@ macro_rules! variant_tests {
 variant_tests! {
     s2n_tls => Provider::S2nTls,
     rustls => Provider::Rustls,
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_fleet_of_a_slice_of_devices_keeps_their_numbers() {
+    testing::a_slice_keeps_device_numbers(&harness(Provider::S2nTls, 12), 5, 7).await;
 }

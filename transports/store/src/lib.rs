@@ -39,6 +39,9 @@
 //! [`read_log`] and [`audit`] read the log itself (not counters) after a run, so the runner can check that every
 //! order made was stored once and every acknowledged order is in the log.
 
+pub mod fs;
+
+use hdrhistogram::Histogram;
 use serde::{Deserialize, Serialize};
 use std::collections::HashSet;
 use std::fmt;
@@ -48,8 +51,8 @@ use std::os::fd::AsRawFd;
 use std::path::{Path, PathBuf};
 use std::str::FromStr;
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::{mpsc, Arc};
-use std::time::{SystemTime, UNIX_EPOCH};
+use std::sync::{mpsc, Arc, Mutex, MutexGuard};
+use std::time::{Instant, SystemTime, UNIX_EPOCH};
 use tokio::sync::oneshot;
 pub use transport_core::commit::Outcome;
 use transport_core::commit::{CommitError, OrderStore};
@@ -212,7 +215,7 @@ pub struct StoreStats {
     pub bytes: u64,
 }
 
-#[derive(Debug, Default)]
+#[derive(Debug)]
 struct StatCells {
     recovered: AtomicU64,
     applied: AtomicU64,
@@ -220,9 +223,46 @@ struct StatCells {
     groups: AtomicU64,
     syncs: AtomicU64,
     bytes: AtomicU64,
+    /// How long each `fdatasync` took, µs (recorded by the writer, read by whoever asks).
+    sync_us: Mutex<Histogram<u64>>,
+    /// The first write or sync failure; from then on the store accepts nothing.
+    failed: Mutex<Option<String>>,
+}
+
+impl Default for StatCells {
+    fn default() -> Self {
+        StatCells {
+            recovered: AtomicU64::new(0),
+            applied: AtomicU64::new(0),
+            already_applied: AtomicU64::new(0),
+            groups: AtomicU64::new(0),
+            syncs: AtomicU64::new(0),
+            bytes: AtomicU64::new(0),
+            sync_us: Mutex::new(
+                Histogram::new_with_bounds(1, MAX_SYNC_US, 3).expect("valid bounds"),
+            ),
+            failed: Mutex::new(None),
+        }
+    }
+}
+
+/// The longest `fdatasync` the histogram holds exactly: one hour, in µs (longer ones are recorded as this).
+pub const MAX_SYNC_US: u64 = 3_600_000_000;
+
+fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
+    // Nothing panics while holding these locks; a poisoned value is still the right value.
+    m.lock().unwrap_or_else(|p| p.into_inner())
 }
 
 impl StatCells {
+    fn sync_histogram(&self) -> Histogram<u64> {
+        lock(&self.sync_us).clone()
+    }
+
+    fn failure(&self) -> Option<String> {
+        lock(&self.failed).clone()
+    }
+
     fn snapshot(&self) -> StoreStats {
         StoreStats {
             recovered: self.recovered.load(Ordering::Relaxed),
@@ -325,6 +365,7 @@ impl Store {
         let result = self.write_group(orders);
         if let Err(e) = &result {
             self.failed = Some(e.to_string());
+            *lock(&self.stats.failed) = self.failed.clone();
         }
         result
     }
@@ -376,9 +417,13 @@ impl Store {
     }
 
     fn sync(&mut self) -> Result<(), StoreError> {
-        self.file
-            .sync_data()
-            .map_err(|e| StoreError::io(&self.path, e))
+        let started = Instant::now();
+        let synced = self.file.sync_data();
+        let us = (started.elapsed().as_micros() as u64).clamp(1, MAX_SYNC_US);
+        lock(&self.stats.sync_us)
+            .record(us)
+            .expect("clamped into range");
+        synced.map_err(|e| StoreError::io(&self.path, e))
     }
 
     /// Whether an order is in the store.
@@ -409,6 +454,16 @@ impl Store {
     /// What the store has done since it was opened.
     pub fn stats(&self) -> StoreStats {
         self.stats.snapshot()
+    }
+
+    /// How long each `fdatasync` since open took, µs.
+    pub fn sync_histogram(&self) -> Histogram<u64> {
+        self.stats.sync_histogram()
+    }
+
+    /// Why the store stopped accepting orders, if a write or sync failed.
+    pub fn failure(&self) -> Option<String> {
+        self.stats.failure()
     }
 }
 
@@ -749,6 +804,16 @@ impl StoreHandle {
         self.stats.snapshot()
     }
 
+    /// How long each `fdatasync` since open took, µs (recorded on the writer thread).
+    pub fn sync_histogram(&self) -> Histogram<u64> {
+        self.stats.sync_histogram()
+    }
+
+    /// Why the store stopped accepting orders, if a write or sync failed.
+    pub fn failure(&self) -> Option<String> {
+        self.stats.failure()
+    }
+
     /// Distinct orders in the store (recovered at open and applied since).
     pub fn applied(&self) -> u64 {
         let s = self.stats.snapshot();
@@ -921,5 +986,26 @@ mod tests {
         assert_eq!(a, expected);
         assert!(!a.is_clean());
         assert!(Audit::of_entries(&entries[..2], &[id(0), id(1)], &[id(1)]).is_clean());
+    }
+
+    #[test]
+    fn every_sync_is_timed() {
+        let dir = tempfile::tempdir().unwrap();
+        for (policy, syncs) in [
+            (SyncPolicy::None, 0),
+            (SyncPolicy::Batch, 3),
+            (SyncPolicy::Each, 6),
+        ] {
+            let sub = dir.path().join(policy.name());
+            let (mut store, _) = Store::open(&sub, policy).unwrap();
+            for g in 0..3 {
+                store
+                    .commit(&[order(2 * g, b"a"), order(2 * g + 1, b"b")])
+                    .unwrap();
+            }
+            assert_eq!(store.stats().syncs, syncs, "{policy}");
+            assert_eq!(store.sync_histogram().len(), syncs, "{policy}");
+            assert_eq!(store.failure(), None);
+        }
     }
 }

@@ -5,6 +5,9 @@
 //! - [`server_config`] and [`ClientTls::config`] build TLS 1.3 configurations with client certificates required on
 //!   both ends, no session resumption (every connection is a full handshake), and a crypto provider that counts the
 //!   asymmetric operations it actually performs into a [`Counters`].
+//! - [`resuming_server_config`] and [`ClientTls::resuming`] are the same with TLS 1.3 session resumption: tickets
+//!   sealed under a key derived from the server's key file ([`tickets`]), so they outlive a restart, and one session
+//!   cache per device.
 //! - [`peer_device`] reads the common name of a verified peer certificate: the device's identity on the server.
 //! - [`server_fingerprint`] is what a server reports as its public key; [`server_secret`] derives keys from the
 //!   server's key file that every start of the server shares (stateless resets after a restart).
@@ -26,7 +29,9 @@
 //! by the transport, which sees them.
 //!
 //! The key exchange groups offered are X25519, then P-256 and P-384; the post-quantum hybrids are left out so the
-//! counts stay comparable across builds whatever rustls features other crates switch on.
+//! counts stay comparable across builds whatever rustls features other crates switch on. A [`TlsCrypto`] other than
+//! the default offers P-256 alone, with aws-lc-rs's assembly or with RustCrypto's portable `p256` doing every P-256
+//! operation ([`rustcrypto`]); the counting is the same for each.
 //!
 //! # Files
 //!
@@ -41,26 +46,28 @@
 //! `cert_len (u32) | cert DER | key_len (u32) | key DER (PKCS#8)`, then a CRC-32 of everything before it (u32).
 //! One file loads 10,000 identities in a few milliseconds; keys are parsed only when a device's config is built.
 
+mod counting;
+pub mod rustcrypto;
+pub mod tickets;
+
+pub use counting::{asym_costs, counting_provider, counting_provider_for, TlsCrypto};
+pub use tickets::TicketKey;
+
 use ::aws_lc_rs::{digest, hkdf};
+use counting::counting_key;
 use rustls::client::danger::ServerCertVerifier;
-use rustls::client::{Resumption, WebPkiServerVerifier};
-use rustls::crypto::{
-    aws_lc_rs, ActiveKeyExchange, CryptoProvider, SharedSecret, SupportedKxGroup,
-    WebPkiSupportedAlgorithms,
+use rustls::client::{
+    ClientSessionMemoryCache, ClientSessionStore, Resumption, WebPkiServerVerifier,
 };
+use rustls::crypto::CryptoProvider;
 use rustls::pki_types::pem::PemObject;
-use rustls::pki_types::{
-    AlgorithmIdentifier, CertificateDer, InvalidSignature, PrivateKeyDer, PrivatePkcs8KeyDer,
-    SignatureVerificationAlgorithm,
-};
+use rustls::pki_types::{CertificateDer, PrivateKeyDer, PrivatePkcs8KeyDer};
 use rustls::server::{NoServerSessionStorage, WebPkiClientVerifier};
-use rustls::sign::{CertifiedKey, Signer, SigningKey, SingleCertAndKey};
-use rustls::{
-    ClientConfig, NamedGroup, RootCertStore, ServerConfig, SignatureAlgorithm, SignatureScheme,
-};
+use rustls::sign::{CertifiedKey, SingleCertAndKey};
+use rustls::{ClientConfig, RootCertStore, ServerConfig};
 use std::fmt;
 use std::path::Path;
-use std::sync::{Arc, Mutex};
+use std::sync::{Arc, OnceLock};
 use transport_core::Counters;
 use transport_core::TransportError;
 use transport_core::{device_name, keys};
@@ -86,11 +93,9 @@ fn identity_error(what: impl fmt::Display) -> TransportError {
 // Writing the PKI
 // ---------------------------------------------------------------------------------------------------------------
 
-/// A certificate authority held in memory, able to issue certificates.
-struct Authority {
-    cert: rcgen::Certificate,
-    key: rcgen::KeyPair,
-}
+/// A certificate authority held in memory, able to issue certificates: its self-signed certificate, and the
+/// name, key usages and key that sign.
+struct Authority(rcgen::CertifiedIssuer<'static, rcgen::KeyPair>);
 
 impl Authority {
     fn new(name: &str) -> Result<Self, TransportError> {
@@ -106,8 +111,9 @@ impl Authority {
             rcgen::KeyUsagePurpose::CrlSign,
             rcgen::KeyUsagePurpose::DigitalSignature,
         ];
-        let cert = params.self_signed(&key).map_err(identity_error)?;
-        Ok(Self { cert, key })
+        Ok(Self(
+            rcgen::CertifiedIssuer::self_signed(params, key).map_err(identity_error)?,
+        ))
     }
 
     /// Issue a certificate for `common_name` (client) or for the server names (server).
@@ -133,30 +139,59 @@ impl Authority {
         } else {
             rcgen::ExtendedKeyUsagePurpose::ClientAuth
         }];
-        let cert = params
-            .signed_by(&key, &self.cert, &self.key)
-            .map_err(identity_error)?;
+        let cert = params.signed_by(&key, &self.0).map_err(identity_error)?;
         Ok((cert, key))
     }
 
     /// The device bundle (layout in the module docs) for devices `0..devices`.
     fn device_bundle(&self, devices: u32) -> Result<Vec<u8>, TransportError> {
-        let mut out = Vec::with_capacity(16 + devices as usize * 700);
-        out.extend_from_slice(DEVICES_MAGIC);
-        out.extend_from_slice(&devices.to_be_bytes());
-        for n in 0..devices {
-            let (cert, key) = self.issue(&device_name(n), false)?;
-            let key = key.serialize_der();
-            for part in [cert.der().as_ref(), key.as_slice()] {
-                let len = u32::try_from(part.len()).map_err(identity_error)?;
-                out.extend_from_slice(&len.to_be_bytes());
-                out.extend_from_slice(part);
-            }
-        }
-        let crc = crc32fast::hash(&out);
-        out.extend_from_slice(&crc.to_be_bytes());
-        Ok(out)
+        let devices = (0..devices)
+            .map(|n| {
+                let (cert, key) = self.issue(&device_name(n), false)?;
+                Ok((cert.der().to_vec(), key.serialize_der()))
+            })
+            .collect::<Result<Vec<_>, TransportError>>()?;
+        encode_bundle(devices.iter().map(|(c, k)| (c.as_slice(), k.as_slice())))
     }
+}
+
+/// A device bundle (layout in the module docs) of these (certificate, PKCS#8 key) pairs, in order.
+fn encode_bundle<'a>(
+    devices: impl ExactSizeIterator<Item = (&'a [u8], &'a [u8])>,
+) -> Result<Vec<u8>, TransportError> {
+    let count = u32::try_from(devices.len()).map_err(identity_error)?;
+    let mut out = Vec::with_capacity(16 + devices.len() * 700);
+    out.extend_from_slice(DEVICES_MAGIC);
+    out.extend_from_slice(&count.to_be_bytes());
+    for (cert, key) in devices {
+        for part in [cert, key] {
+            let len = u32::try_from(part.len()).map_err(identity_error)?;
+            out.extend_from_slice(&len.to_be_bytes());
+            out.extend_from_slice(part);
+        }
+    }
+    let crc = crc32fast::hash(&out);
+    out.extend_from_slice(&crc.to_be_bytes());
+    Ok(out)
+}
+
+/// Give device `device` of the run in `from` an identity directory `to` of its own: the CA certificate (public) and
+/// a bundle holding only that device's certificate and key, as device 0. What a device enrolled by the operator
+/// holds, and nothing of the other devices (the adversary's own valid identity is made this way).
+pub fn extract_device(from: &Path, device: u32, to: &Path) -> Result<(), TransportError> {
+    let all = DeviceCredentials::load(from)?;
+    let (cert, key) = all.device(device).ok_or_else(|| {
+        identity_error(format!(
+            "{} has no device {device} ({} devices)",
+            from.display(),
+            all.len()
+        ))
+    })?;
+    std::fs::create_dir_all(to)?;
+    let ca = std::fs::read(from.join(CA_FILE))?;
+    write_file(&to.join(CA_FILE), &ca, false)?;
+    let bundle = encode_bundle(std::iter::once((cert.as_ref(), key.secret_pkcs8_der())))?;
+    write_file(&to.join(DEVICES_FILE), &bundle, true)
 }
 
 /// Write a file whole (mode 0600 for secrets), never through a planted symlink ([`keys::write_atomic`]).
@@ -171,7 +206,7 @@ pub fn write_pki(dir: &Path, devices: u32) -> Result<(), TransportError> {
     std::fs::create_dir_all(dir)?;
     let ca = Authority::new("lb-bench CA")?;
     let (server_cert, server_key) = ca.issue(SERVER_NAME, true)?;
-    write_file(&dir.join(CA_FILE), ca.cert.pem().as_bytes(), false)?;
+    write_file(&dir.join(CA_FILE), ca.0.pem().as_bytes(), false)?;
     write_file(
         &dir.join(SERVER_CERT_FILE),
         server_cert.pem().as_bytes(),
@@ -367,231 +402,6 @@ pub fn derive_secret(secret: &[u8], salt: &[u8], label: &[u8]) -> Result<[u8; 32
 }
 
 // ---------------------------------------------------------------------------------------------------------------
-// The counting provider
-// ---------------------------------------------------------------------------------------------------------------
-
-/// A key exchange group that counts its scalar multiplications.
-#[derive(Debug)]
-struct CountingGroup {
-    inner: &'static dyn SupportedKxGroup,
-    counters: Arc<Counters>,
-}
-
-impl CountingGroup {
-    fn count(&self) {
-        count_kx(&self.counters, self.inner.name());
-    }
-}
-
-fn count_kx(counters: &Counters, group: NamedGroup) {
-    if group == NamedGroup::X25519 {
-        Counters::inc(&counters.x25519);
-    } else {
-        Counters::inc(&counters.ecdh);
-    }
-}
-
-impl SupportedKxGroup for CountingGroup {
-    fn start(&self) -> Result<Box<dyn ActiveKeyExchange>, rustls::Error> {
-        let inner = self.inner.start()?;
-        self.count(); // ephemeral key generation
-        Ok(Box::new(CountingExchange {
-            inner,
-            counters: self.counters.clone(),
-        }))
-    }
-
-    fn ffdhe_group(&self) -> Option<rustls::ffdhe_groups::FfdheGroup<'static>> {
-        None
-    }
-
-    fn name(&self) -> NamedGroup {
-        self.inner.name()
-    }
-
-    fn fips(&self) -> bool {
-        self.inner.fips()
-    }
-
-    fn usable_for_version(&self, version: rustls::ProtocolVersion) -> bool {
-        self.inner.usable_for_version(version)
-    }
-}
-
-struct CountingExchange {
-    inner: Box<dyn ActiveKeyExchange>,
-    counters: Arc<Counters>,
-}
-
-impl ActiveKeyExchange for CountingExchange {
-    fn complete(self: Box<Self>, peer_pub_key: &[u8]) -> Result<SharedSecret, rustls::Error> {
-        count_kx(&self.counters, self.inner.group()); // agreement, counted even if the peer's key is refused
-        self.inner.complete(peer_pub_key)
-    }
-
-    fn pub_key(&self) -> &[u8] {
-        self.inner.pub_key()
-    }
-
-    fn ffdhe_group(&self) -> Option<rustls::ffdhe_groups::FfdheGroup<'static>> {
-        None
-    }
-
-    fn group(&self) -> NamedGroup {
-        self.inner.group()
-    }
-}
-
-/// A signature verification algorithm that counts its verifications.
-#[derive(Debug)]
-struct CountingVerify {
-    inner: &'static dyn SignatureVerificationAlgorithm,
-    counters: Arc<Counters>,
-}
-
-impl SignatureVerificationAlgorithm for CountingVerify {
-    fn verify_signature(
-        &self,
-        public_key: &[u8],
-        message: &[u8],
-        signature: &[u8],
-    ) -> Result<(), InvalidSignature> {
-        Counters::inc(&self.counters.verify);
-        self.inner.verify_signature(public_key, message, signature)
-    }
-
-    fn public_key_alg_id(&self) -> AlgorithmIdentifier {
-        self.inner.public_key_alg_id()
-    }
-
-    fn signature_alg_id(&self) -> AlgorithmIdentifier {
-        self.inner.signature_alg_id()
-    }
-
-    fn fips(&self) -> bool {
-        self.inner.fips()
-    }
-}
-
-/// Our own private key, counting the signatures it makes.
-#[derive(Debug)]
-struct CountingKey {
-    inner: Arc<dyn SigningKey>,
-    counters: Arc<Counters>,
-}
-
-impl SigningKey for CountingKey {
-    fn choose_scheme(&self, offered: &[SignatureScheme]) -> Option<Box<dyn Signer>> {
-        let inner = self.inner.choose_scheme(offered)?;
-        Some(Box::new(CountingSigner {
-            inner,
-            counters: self.counters.clone(),
-        }))
-    }
-
-    fn public_key(&self) -> Option<rustls::pki_types::SubjectPublicKeyInfoDer<'_>> {
-        self.inner.public_key()
-    }
-
-    fn algorithm(&self) -> SignatureAlgorithm {
-        self.inner.algorithm()
-    }
-}
-
-#[derive(Debug)]
-struct CountingSigner {
-    inner: Box<dyn Signer>,
-    counters: Arc<Counters>,
-}
-
-impl Signer for CountingSigner {
-    fn sign(&self, message: &[u8]) -> Result<Vec<u8>, rustls::Error> {
-        Counters::inc(&self.counters.sign);
-        self.inner.sign(message)
-    }
-
-    fn scheme(&self) -> SignatureScheme {
-        self.inner.scheme()
-    }
-}
-
-/// Providers built so far, one per [`Counters`].
-///
-/// rustls wants its key exchange groups and verification algorithms as `&'static`, so the counting wrappers of one
-/// `Counters` are leaked once (a few hundred bytes) and reused by every config built for it.
-static PROVIDERS: Mutex<Vec<(Arc<Counters>, Arc<CryptoProvider>)>> = Mutex::new(Vec::new());
-
-/// aws-lc-rs's provider with X25519, P-256 and P-384 key exchange, counting every asymmetric operation into
-/// `counters` (see the module docs).
-pub fn counting_provider(counters: &Arc<Counters>) -> Arc<CryptoProvider> {
-    let mut providers = PROVIDERS.lock().unwrap_or_else(|e| e.into_inner());
-    if let Some((_, p)) = providers.iter().find(|(c, _)| Arc::ptr_eq(c, counters)) {
-        return p.clone();
-    }
-    let base = aws_lc_rs::default_provider();
-    let groups = [
-        aws_lc_rs::kx_group::X25519,
-        aws_lc_rs::kx_group::SECP256R1,
-        aws_lc_rs::kx_group::SECP384R1,
-    ];
-    let kx_groups = groups
-        .into_iter()
-        .map(|inner| {
-            let g: &'static dyn SupportedKxGroup = Box::leak(Box::new(CountingGroup {
-                inner,
-                counters: counters.clone(),
-            }));
-            g
-        })
-        .collect();
-    let wrap = |algs: &'static [&'static dyn SignatureVerificationAlgorithm]| {
-        let wrapped: Vec<&'static dyn SignatureVerificationAlgorithm> = algs
-            .iter()
-            .map(|&inner| {
-                let a: &'static dyn SignatureVerificationAlgorithm =
-                    Box::leak(Box::new(CountingVerify {
-                        inner,
-                        counters: counters.clone(),
-                    }));
-                a
-            })
-            .collect();
-        &*Box::leak(wrapped.into_boxed_slice())
-    };
-    let algs = base.signature_verification_algorithms;
-    let mapping: Vec<_> = algs
-        .mapping
-        .iter()
-        .map(|&(scheme, list)| (scheme, wrap(list)))
-        .collect();
-    let provider = Arc::new(CryptoProvider {
-        kx_groups,
-        signature_verification_algorithms: WebPkiSupportedAlgorithms {
-            all: wrap(algs.all),
-            mapping: Box::leak(mapping.into_boxed_slice()),
-        },
-        ..base
-    });
-    providers.push((counters.clone(), provider.clone()));
-    provider
-}
-
-fn counting_key(
-    provider: &CryptoProvider,
-    key: PrivateKeyDer<'static>,
-    counters: &Arc<Counters>,
-) -> Result<Arc<dyn SigningKey>, TransportError> {
-    let inner = provider
-        .key_provider
-        .load_private_key(key)
-        .map_err(identity_error)?;
-    Ok(Arc::new(CountingKey {
-        inner,
-        counters: counters.clone(),
-    }))
-}
-
-// ---------------------------------------------------------------------------------------------------------------
 // Configurations
 // ---------------------------------------------------------------------------------------------------------------
 
@@ -602,7 +412,44 @@ pub fn server_config(
     counters: Arc<Counters>,
     alpn: &[&[u8]],
 ) -> Result<Arc<ServerConfig>, TransportError> {
-    let provider = counting_provider(&counters);
+    server_config_with(dir, counters, alpn, TlsCrypto::Default)
+}
+
+/// [`server_config`] with the key exchange groups and P-256 arithmetic `crypto` names.
+pub fn server_config_with(
+    dir: &Path,
+    counters: Arc<Counters>,
+    alpn: &[&[u8]],
+    crypto: TlsCrypto,
+) -> Result<Arc<ServerConfig>, TransportError> {
+    build_server_config(dir, counters, alpn, crypto, None)
+}
+
+/// How many tickets a server sends after each handshake (rustls's default): a device keeps a spare if one
+/// resumption attempt is lost.
+pub const TICKETS_PER_HANDSHAKE: usize = 2;
+
+/// [`server_config_with`] with TLS 1.3 session resumption: after each handshake the server sends
+/// [`TICKETS_PER_HANDSHAKE`] tickets sealed by the [`TicketKey`] derived from its key file, and accepts them in any
+/// later start of the server with the same key file (no 0-RTT: early data stays off).
+pub fn resuming_server_config(
+    dir: &Path,
+    counters: Arc<Counters>,
+    alpn: &[&[u8]],
+    crypto: TlsCrypto,
+) -> Result<Arc<ServerConfig>, TransportError> {
+    let tickets = Arc::new(TicketKey::derive(dir)?);
+    build_server_config(dir, counters, alpn, crypto, Some(tickets))
+}
+
+fn build_server_config(
+    dir: &Path,
+    counters: Arc<Counters>,
+    alpn: &[&[u8]],
+    crypto: TlsCrypto,
+    tickets: Option<Arc<TicketKey>>,
+) -> Result<Arc<ServerConfig>, TransportError> {
+    let provider = counting_provider_for(&counters, crypto);
     let roots = load_roots(dir)?;
     let verifier = WebPkiClientVerifier::builder_with_provider(roots, provider.clone())
         .build()
@@ -629,9 +476,15 @@ pub fn server_config(
         .map_err(|e| TransportError::Config(e.to_string()))?
         .with_client_cert_verifier(verifier)
         .with_cert_resolver(Arc::new(SingleCertAndKey::from(certified)));
-    // Every connection a full handshake: no session cache, no tickets (and so no 0-RTT).
+    // No session cache: a restart would empty it. Without tickets every connection is a full handshake.
     config.session_storage = Arc::new(NoServerSessionStorage {});
-    config.send_tls13_tickets = 0;
+    match tickets {
+        Some(tickets) => {
+            config.ticketer = tickets;
+            config.send_tls13_tickets = TICKETS_PER_HANDSHAKE;
+        }
+        None => config.send_tls13_tickets = 0,
+    }
     config.alpn_protocols = alpn.iter().map(|p| p.to_vec()).collect();
     Ok(Arc::new(config))
 }
@@ -644,6 +497,9 @@ pub struct ClientTls {
     verifier: Arc<dyn ServerCertVerifier>,
     counters: Arc<Counters>,
     alpn: Vec<Vec<u8>>,
+    /// With resumption, each device's configuration (its session cache inside), built once and kept: rustls
+    /// offers a ticket only from a configuration with the same certificate resolver it was issued to.
+    resuming: Option<Box<[OnceLock<Arc<ClientConfig>>]>>,
 }
 
 impl fmt::Debug for ClientTls {
@@ -662,7 +518,17 @@ impl ClientTls {
         counters: Arc<Counters>,
         alpn: &[&[u8]],
     ) -> Result<Self, TransportError> {
-        let provider = counting_provider(&counters);
+        Self::with_crypto(credentials, counters, alpn, TlsCrypto::Default)
+    }
+
+    /// [`new`](Self::new) with the key exchange groups and P-256 arithmetic `crypto` names.
+    pub fn with_crypto(
+        credentials: Arc<DeviceCredentials>,
+        counters: Arc<Counters>,
+        alpn: &[&[u8]],
+        crypto: TlsCrypto,
+    ) -> Result<Self, TransportError> {
+        let provider = counting_provider_for(&counters, crypto);
         let verifier = WebPkiServerVerifier::builder_with_provider(
             credentials.roots.clone(),
             provider.clone(),
@@ -675,7 +541,25 @@ impl ClientTls {
             verifier,
             counters,
             alpn: alpn.iter().map(|p| p.to_vec()).collect(),
+            resuming: None,
         })
+    }
+
+    /// The same, with TLS 1.3 session resumption: each device keeps the tickets a server sent it in a session cache
+    /// of its own (never shared with another device, whose certificate the ticket does not carry), and offers one
+    /// when it connects again, with `psk_dhe_ke` (rustls's only mode): a fresh X25519, no certificate, no signature.
+    pub fn resuming(mut self) -> Self {
+        self.resuming = Some(
+            (0..self.credentials.len())
+                .map(|_| OnceLock::new())
+                .collect(),
+        );
+        self
+    }
+
+    /// Whether the devices' configurations resume sessions.
+    pub fn resumes(&self) -> bool {
+        self.resuming.is_some()
     }
 
     /// How many devices there are credentials for.
@@ -684,8 +568,28 @@ impl ClientTls {
     }
 
     /// Device `device`'s configuration: TLS 1.3 only, its own certificate, the server verified against the CA (for
-    /// the name [`SERVER_NAME`]), no resumption.
+    /// the name [`SERVER_NAME`]); no resumption unless [`resuming`](Self::resuming), then the device's own cache.
     pub fn config(&self, device: u32) -> Result<Arc<ClientConfig>, TransportError> {
+        let Some(kept) = self.resuming.as_ref() else {
+            return self.build(device, Resumption::disabled());
+        };
+        let slot = kept
+            .get(device as usize)
+            .ok_or_else(|| identity_error(format!("no credentials for device {device}")))?;
+        if let Some(config) = slot.get() {
+            return Ok(config.clone());
+        }
+        // One server name: the cache holds its tickets (rustls keeps a few per name).
+        let cache: Arc<dyn ClientSessionStore> = Arc::new(ClientSessionMemoryCache::new(1));
+        let config = self.build(device, Resumption::store(cache))?;
+        Ok(slot.get_or_init(|| config).clone())
+    }
+
+    fn build(
+        &self,
+        device: u32,
+        resumption: Resumption,
+    ) -> Result<Arc<ClientConfig>, TransportError> {
         let (cert, key) = self
             .credentials
             .device(device)
@@ -702,7 +606,7 @@ impl ClientTls {
             .dangerous()
             .with_custom_certificate_verifier(self.verifier.clone())
             .with_client_cert_resolver(Arc::new(SingleCertAndKey::from(certified)));
-        config.resumption = Resumption::disabled();
+        config.resumption = resumption;
         config.alpn_protocols = self.alpn.clone();
         Ok(Arc::new(config))
     }
@@ -895,6 +799,138 @@ mod tests {
         assert_eq!(pair.sc.snapshot().since(&expected), expected);
     }
 
+    /// A device that resumes a session makes no signature or verification on either side, only the X25519 of
+    /// `psk_dhe_ke`, and resumes with a server restarted from the same files (a new config, a new ticket key object);
+    /// a device that never connected, or a server without tickets, makes a full handshake.
+    #[test]
+    fn a_resumed_handshake_signs_and_verifies_nothing_and_outlives_a_restart() {
+        let dir = tempfile::tempdir().unwrap();
+        write_pki(dir.path(), 2).unwrap();
+        let creds = Arc::new(DeviceCredentials::load(dir.path()).unwrap());
+        let cc = Arc::new(Counters::default());
+        let devices = ClientTls::new(creds, cc.clone(), &[b"test"])
+            .unwrap()
+            .resuming();
+        assert!(devices.resumes());
+        let name = rustls::pki_types::ServerName::try_from(SERVER_NAME).unwrap();
+        // One connection of `device` to `server`, the tickets read by the client; its kind, and the server's view.
+        let connect = |server: &Arc<ServerConfig>, device: u32| {
+            let config = devices.config(device).unwrap();
+            let mut client = ClientConnection::new(config, name.clone()).unwrap();
+            let mut server = ServerConnection::new(server.clone()).unwrap();
+            handshake(&mut client, &mut server).unwrap();
+            server.writer().write_all(b"pong").unwrap();
+            handshake(&mut client, &mut server).unwrap();
+            (client.handshake_kind(), server)
+        };
+        let full = CounterSnapshot {
+            x25519: 2,
+            sign: 1,
+            verify: 2,
+            ..CounterSnapshot::default()
+        };
+        let resumed = CounterSnapshot {
+            x25519: 2,
+            ..CounterSnapshot::default()
+        };
+
+        let sc = Arc::new(Counters::default());
+        let first =
+            resuming_server_config(dir.path(), sc.clone(), &[b"test"], TlsCrypto::Default).unwrap();
+        let (kind, server) = connect(&first, 1);
+        assert_eq!(kind, Some(HandshakeKind::Full));
+        assert_eq!(server.handshake_kind(), Some(HandshakeKind::Full));
+        assert_eq!((cc.snapshot(), sc.snapshot()), (full, full));
+
+        // The server restarts: a new config from the same files.
+        let sc = Arc::new(Counters::default());
+        let second =
+            resuming_server_config(dir.path(), sc.clone(), &[b"test"], TlsCrypto::Default).unwrap();
+        let before = cc.snapshot();
+        let (kind, server) = connect(&second, 1);
+        assert_eq!(kind, Some(HandshakeKind::Resumed));
+        assert_eq!(server.handshake_kind(), Some(HandshakeKind::Resumed));
+        assert_eq!(
+            (cc.snapshot().since(&before), sc.snapshot()),
+            (resumed, resumed)
+        );
+        // The ticket carried the device's certificate: the server knows whom it serves.
+        assert_eq!(
+            peer_device(server.peer_certificates().unwrap()).as_deref(),
+            Some("dev-1")
+        );
+        // And the resumed connection brought new tickets: the next one resumes too.
+        assert_eq!(connect(&second, 1).0, Some(HandshakeKind::Resumed));
+
+        // Device 0 has no ticket of its own (device 1's are not its): a full handshake.
+        assert_eq!(connect(&second, 0).0, Some(HandshakeKind::Full));
+        // A server that issues no tickets opens none: the device offers its ticket and gets a full handshake.
+        let plain = server_config(dir.path(), Arc::new(Counters::default()), &[b"test"]).unwrap();
+        assert_eq!(connect(&plain, 1).0, Some(HandshakeKind::Full));
+    }
+
+    /// With P-256 key exchange, a handshake costs each side the same operations whoever does the arithmetic, and a
+    /// RustCrypto side and an aws-lc-rs side complete it together in both directions.
+    #[test]
+    fn p256_providers_count_the_same_and_interoperate() {
+        let dir = tempfile::tempdir().unwrap();
+        write_pki(dir.path(), 1).unwrap();
+        let creds = Arc::new(DeviceCredentials::load(dir.path()).unwrap());
+        // ECDH keygen + agreement = 2 (no X25519 at all); one CertificateVerify signature; two verifications.
+        let expected = CounterSnapshot {
+            ecdh: 2,
+            sign: 1,
+            verify: 2,
+            ..CounterSnapshot::default()
+        };
+        let (asm, rc) = (TlsCrypto::P256, TlsCrypto::P256RustCrypto);
+        for (server_crypto, client_crypto) in [(asm, asm), (rc, rc), (asm, rc), (rc, asm)] {
+            let (cc, sc) = (Arc::new(Counters::default()), Arc::new(Counters::default()));
+            let server =
+                server_config_with(dir.path(), sc.clone(), &[b"test"], server_crypto).unwrap();
+            let client =
+                ClientTls::with_crypto(creds.clone(), cc.clone(), &[b"test"], client_crypto)
+                    .unwrap()
+                    .config(0)
+                    .unwrap();
+            let name = rustls::pki_types::ServerName::try_from(SERVER_NAME).unwrap();
+            let mut client = ClientConnection::new(client, name).unwrap();
+            let mut server = ServerConnection::new(server).unwrap();
+            let pair = format!("server {server_crypto:?}, client {client_crypto:?}");
+            handshake(&mut client, &mut server).unwrap_or_else(|e| panic!("{pair}: {e}"));
+            assert_eq!(cc.snapshot(), expected, "client; {pair}");
+            assert_eq!(sc.snapshot(), expected, "server; {pair}");
+            let group = client.negotiated_key_exchange_group().map(|g| g.name());
+            assert_eq!(group, Some(rustls::NamedGroup::secp256r1), "{pair}");
+            assert_eq!(
+                peer_device(server.peer_certificates().unwrap()).as_deref(),
+                Some("dev-0")
+            );
+        }
+        // The providers really differ where they should: RustCrypto's is not aws-lc-rs's.
+        let c = Arc::new(Counters::default());
+        let names = |crypto| {
+            let p = counting_provider_for(&c, crypto);
+            (p.kx_groups.len(), format!("{:?}", p.key_provider))
+        };
+        assert_eq!(names(asm).0, 1);
+        assert_ne!(names(asm).1, names(rc).1);
+        assert_eq!(counting_provider(&c).kx_groups.len(), 3);
+    }
+
+    #[test]
+    fn asymmetric_costs_are_measured_for_what_each_provider_has() {
+        let default = asym_costs(TlsCrypto::Default).unwrap();
+        assert!(default.x25519_us.is_some() && default.ecdh_us.is_some());
+        for crypto in [TlsCrypto::P256, TlsCrypto::P256RustCrypto] {
+            let c = asym_costs(crypto).unwrap();
+            assert_eq!(c.x25519_us, None, "{crypto:?} offers no X25519");
+            for us in [c.ecdh_us, c.sign_us, c.verify_us] {
+                assert!(us.is_some_and(|us| us > 0.0), "{crypto:?}: {c:?}");
+            }
+        }
+    }
+
     #[test]
     fn a_device_from_another_ca_is_refused() {
         let dir = tempfile::tempdir().unwrap();
@@ -910,6 +946,22 @@ mod tests {
         // The issuer is unknown: no signature of the chain was checked (and the CertificateVerify never was).
         assert_eq!(pair.sc.snapshot().verify, 0);
         assert!(server.peer_certificates().is_none());
+    }
+
+    #[test]
+    fn an_extracted_device_holds_only_its_own_identity_and_is_accepted() {
+        let dir = tempfile::tempdir().unwrap();
+        write_pki(dir.path(), 3).unwrap();
+        let own = dir.path().join("own");
+        extract_device(dir.path(), 2, &own).unwrap();
+        let creds = Arc::new(DeviceCredentials::load(&own).unwrap());
+        assert_eq!(creds.len(), 1, "nothing of the other devices");
+        let pair = Pair::new(dir.path(), creds, 0);
+        let (mut client, mut server) = pair.connections();
+        handshake(&mut client, &mut server).unwrap();
+        let certs = server.peer_certificates().unwrap();
+        assert_eq!(peer_device(certs).as_deref(), Some("dev-2"));
+        assert!(extract_device(dir.path(), 3, &own).is_err(), "no device 3");
     }
 
     #[test]

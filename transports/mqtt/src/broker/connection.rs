@@ -375,14 +375,19 @@ impl Connection {
     /// disconnected cleanly) and count refusals.
     pub fn closed(&mut self, broker: &mut Broker, reason: &Close) {
         let counter = match reason {
+            // Refused as soon as its fixed header announced it, before any of its body was read.
+            Close::Malformed(DecodeError::TooLarge { .. }) => {
+                Some(&self.counters.refused_oversized)
+            }
             Close::Malformed(_)
             | Close::NotConnect
             | Close::SecondConnect
-            | Close::Unexpected(_)
-            | Close::TopicTooDeep
-            | Close::TooManyFilters(_) => Some(&self.counters.refused_malformed),
+            | Close::Unexpected(_) => Some(&self.counters.refused_malformed),
+            Close::TopicTooDeep | Close::TooManyFilters(_) => Some(&self.counters.refused_limit),
             Close::OrderRefused(OrderRefusal::Malformed) => Some(&self.counters.refused_malformed),
             Close::OrderRefused(_) | Close::Refused(_) => Some(&self.counters.refused_unknown),
+            // A client that connected and never sent CONNECT: half-open.
+            Close::ConnectTimeout => Some(&self.counters.timed_out),
             _ => None,
         };
         if let Some(c) = counter {

@@ -360,6 +360,9 @@ async fn handle(
     match tokio::time::timeout_at(deadline, acceptor.accept(tcp)).await {
         Ok(Ok(stream)) => {
             Counters::inc(&shared.counters.handshakes);
+            if stream.get_ref().1.handshake_kind() == Some(rustls::HandshakeKind::Resumed) {
+                Counters::inc(&shared.counters.resumed);
+            }
             let identity = stream
                 .get_ref()
                 .1
@@ -391,7 +394,8 @@ async fn handle(
             };
             Counters::inc(counter);
         }
-        Err(_) => Counters::inc(&shared.counters.refused_malformed),
+        // No TLS handshake finished within the connect timeout: a half-open connection.
+        Err(_) => Counters::inc(&shared.counters.timed_out),
     }
 }
 

@@ -371,7 +371,7 @@ impl Broker {
     }
 
     /// Keep `msg` as its topic's retained message, or (empty payload) remove the one kept; a message that would pass
-    /// the count or byte bound is not kept (the old one stays).
+    /// the count or byte bound is not kept (the old one stays) and is counted in `refused_limit`.
     fn retain(&mut self, msg: &Message) {
         let old = self.retained.get(&msg.topic).map(Message::size);
         if msg.payload.is_empty() {
@@ -385,6 +385,8 @@ impl Broker {
         if bytes <= self.limits.max_retained_bytes && count <= self.limits.max_retained {
             self.retained.insert(&msg.topic, msg.clone());
             self.retained_bytes = bytes;
+        } else {
+            Counters::inc(&self.counters.refused_limit);
         }
     }
 
@@ -448,12 +450,14 @@ impl Broker {
             let max = self.limits.max_subscriptions;
             let s = self.sessions[key as usize].as_mut()?;
             if !topic::within_level_cap(filter) {
+                Counters::inc(&self.counters.refused_limit);
                 return_codes.push(SubscribeReturnCode::Failure);
                 continue;
             }
             match s.subscriptions.iter().position(|(f, _)| **f == **filter) {
                 Some(i) => s.subscriptions[i].1 = *granted,
                 None if s.subscriptions.len() >= max => {
+                    Counters::inc(&self.counters.refused_limit);
                     return_codes.push(SubscribeReturnCode::Failure);
                     continue;
                 }

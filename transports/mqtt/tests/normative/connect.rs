@@ -45,6 +45,7 @@ normative!(
     mqtt_3_1_4_3_clean_session_is_processed_on_connect,
     mqtt_3_1_4_4_a_valid_connect_gets_return_code_0,
     mqtt_3_1_4_5_nothing_after_a_refused_connect_is_processed,
+    section_3_1_4_packets_right_after_connect_are_processed,
     mqtt_3_2_0_1_connack_is_the_first_packet_from_the_server,
     mqtt_3_2_2_1_clean_session_1_gives_session_present_0,
     mqtt_3_2_2_2_a_stored_session_gives_session_present_1,
@@ -561,6 +562,36 @@ async fn mqtt_3_1_4_5_nothing_after_a_refused_connect_is_processed(kind: Kind) {
     s.sub("r45", QoS::AtLeastOnce).await;
     let mut p = t.client("p45").await;
     nothing_before_marker(&mut s, &mut p, "r45").await;
+}
+
+/// Section 3.1.4 (a sentence with no statement number): "Clients are allowed to send further Control Packets
+/// immediately after sending a CONNECT Packet; Clients need not wait for a CONNACK Packet to arrive from the Server."
+/// CONNECT and a QoS 1 PUBLISH in one write, over plain TCP and over TLS (as `mqtt:early` sends them): CONNACK first
+/// [MQTT-3.2.0-1], then the PUBACK, and a subscriber gets the message.
+async fn section_3_1_4_packets_right_after_connect_are_processed(kind: Kind) {
+    let t = Target::start(kind).await;
+    let mut s = t.client("s314").await;
+    s.sub("t314", QoS::AtLeastOnce).await;
+    for (mut c, id, payload) in [
+        (t.raw().await, "c314", &b"plain"[..]),
+        // Over TLS the broker knows the device by its certificate: its name is the identifier.
+        (t.tls_raw(0).await, "dev-0", &b"tls"[..]),
+    ] {
+        let mut bytes = Vec::new();
+        Packet::Connect(connect(id, true))
+            .encode(&mut bytes)
+            .unwrap();
+        Packet::Publish(publish("t314", QoS::AtLeastOnce, 7, payload))
+            .encode(&mut bytes)
+            .unwrap();
+        c.send_raw(&bytes).await;
+        assert!(
+            matches!(c.recv().await, Packet::ConnAck(a) if a.code == ConnectReturnCode::Accepted),
+            "{id}"
+        );
+        assert_eq!(c.recv().await, Packet::PubAck(pid(7)), "{id}");
+        assert_eq!(&s.publication().await.payload[..], payload);
+    }
 }
 
 async fn mqtt_3_2_0_1_connack_is_the_first_packet_from_the_server(kind: Kind) {

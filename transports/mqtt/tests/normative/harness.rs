@@ -20,7 +20,7 @@ use transport_mqtt::codec::{
     ConnAck, Connect, LastWill, Packet, PacketId, Publish, QoS, Subscribe, SubscribeReturnCode,
     Unsubscribe,
 };
-use transport_mqtt::mosquitto::{self, Mosquitto, Options};
+use transport_mqtt::mosquitto::{Mosquitto, Options};
 use transport_tls::{ClientTls, DeviceCredentials};
 
 /// How long a test waits for a packet or a close it expects.
@@ -66,19 +66,15 @@ impl Target {
                 let dir = tempfile::tempdir().unwrap();
                 let identity = dir.path().join("id");
                 transport_tls::write_pki(&identity, 2).unwrap();
-                let (tls_port, plain_port) = (
-                    mosquitto::free_port().unwrap(),
-                    mosquitto::free_port().unwrap(),
-                );
                 let options = Options {
-                    plaintext_port: Some(plain_port),
+                    plaintext_port: Some(0),
                     extra: vec![format!("max_packet_size {MAX_PACKET}")],
                 };
-                let m = Mosquitto::start_with(&identity, tls_port, &dir.path().join("m"), &options)
+                let m = Mosquitto::start_with(&identity, 0, &dir.path().join("m"), &options)
                     .await
                     .unwrap();
                 Target {
-                    plain: SocketAddr::from(([127, 0, 0, 1], plain_port)),
+                    plain: m.plain_addr().unwrap(),
                     tls: m.addr(),
                     identity,
                     _running: Box::new((m, dir)),

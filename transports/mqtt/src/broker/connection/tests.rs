@@ -223,6 +223,14 @@ fn another_protocol_level_gets_return_code_1() {
         Close::Malformed(_)
     ));
     assert!(out.is_empty(), "after CONNECT it is just malformed");
+    // Too large is refused from its header alone, and counted as oversized.
+    let too_large = DecodeError::TooLarge {
+        size: 2 << 20,
+        max: 1 << 20,
+    };
+    let close = c.handle_decode_error(too_large, &mut out);
+    c.closed(&mut t.broker, &close);
+    assert_eq!(t.counters.snapshot().refused_oversized, 1);
 }
 
 #[test]
@@ -232,6 +240,11 @@ fn connect_timeout_and_keepalive_at_one_and_a_half_periods() {
     assert_eq!(c.deadline(), t.at(10.0));
     assert_eq!(c.handle_timeout(t.at(9.9)), None);
     assert_eq!(c.handle_timeout(t.at(10.0)), Some(Close::ConnectTimeout));
+    // A client that never sent CONNECT is half-open: counted as timed out, not as malformed.
+    let mut c = c;
+    c.closed(&mut t.broker, &Close::ConnectTimeout);
+    let n = t.counters.snapshot();
+    assert_eq!((n.timed_out, n.refused()), (1, 0));
 
     let mut c = t.conn(2, Some("dev-1"));
     t.ok(&mut c, connect("dev-1", true, 10), 1.0);
@@ -498,7 +511,10 @@ fn deep_topics_and_huge_filter_lists_close_the_connection() {
         packet_id: None,
         payload: Bytes::new(),
     });
-    assert_eq!(t.handle(&mut c, deep, 0.0).1, Err(Close::TopicTooDeep));
+    let r = t.handle(&mut c, deep, 0.0).1;
+    assert_eq!(r, Err(Close::TopicTooDeep));
+    c.closed(&mut t.broker, &r.unwrap_err());
+    assert_eq!(t.counters.snapshot().refused_limit, 1);
     let many = vec![("a".to_string(), QoS::AtMostOnce); MAX_FILTERS_PER_PACKET + 1];
     let mut c = t.conn(2, Some("e"));
     t.ok(&mut c, connect("e", true, 0), 0.0);
@@ -514,8 +530,31 @@ fn deep_topics_and_huge_filter_lists_close_the_connection() {
         packet_id: id(2),
         filters: many,
     });
+    let r = t.handle(&mut c, over, 0.0).1;
+    assert_eq!(r, Err(Close::TooManyFilters(MAX_FILTERS_PER_PACKET + 1)));
+    c.closed(&mut t.broker, &r.unwrap_err());
+    assert_eq!(t.counters.snapshot().refused_limit, 2);
+}
+
+#[test]
+fn a_filter_past_the_level_cap_is_counted() {
+    let mut t = Pair::new();
+    let mut c = t.conn(1, Some("d"));
+    t.ok(&mut c, connect("d", true, 0), 0.0);
+    let deep = Packet::Subscribe(Subscribe {
+        packet_id: id(1),
+        filters: vec![
+            (
+                format!("{}#", "/".repeat(topic::MAX_LEVELS + 1)),
+                QoS::AtMostOnce,
+            ),
+            ("fine/+".to_string(), QoS::AtMostOnce),
+        ],
+    });
+    t.ok(&mut c, deep, 0.0);
     assert_eq!(
-        t.handle(&mut c, over, 0.0).1,
-        Err(Close::TooManyFilters(MAX_FILTERS_PER_PACKET + 1))
+        t.counters.snapshot().refused_limit,
+        1,
+        "the deep filter only"
     );
 }

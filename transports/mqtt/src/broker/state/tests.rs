@@ -348,11 +348,13 @@ fn retained_messages_are_bounded_by_bytes_as_well_as_by_count() {
         max_retained_bytes: 100,
         ..SessionLimits::default()
     };
-    let mut b = broker(limits);
+    let counters = Arc::new(Counters::default());
+    let mut b = Broker::new(limits, counters.clone(), Instant::now());
     let big = Bytes::from(vec![1u8; 60]);
     b.publish("r/1", big.clone(), QoS::AtMostOnce, true); // 63 bytes
     b.publish("r/2", big.clone(), QoS::AtMostOnce, true); // would make 126: not retained
     assert_eq!((b.stats().retained, b.stats().retained_bytes), (1, 63));
+    assert_eq!(counters.snapshot().refused_limit, 1, "the one not retained");
     // Replacing counts the difference, not the sum.
     b.publish("r/1", Bytes::from(vec![2u8; 97]), QoS::AtMostOnce, true);
     assert_eq!(b.stats().retained_bytes, 100);
@@ -387,6 +389,14 @@ fn a_plaintext_client_never_meets_the_session_of_the_tls_identity_of_the_same_na
     );
     assert_eq!(take(&mut b, C).len(), 1, "the TLS session kept its message");
     assert_eq!(b.stats().sessions, 2);
+    // Nor the other way: a second plaintext `dev-1` takes over the first [MQTT-3.1.4-2], never the device connected
+    // under that name.
+    let d = ConnId(4);
+    assert_eq!(b.connect(d, &plain, false, None), Ok(true));
+    b.drain_kicked(&mut kicked);
+    assert_eq!(kicked, [B]);
+    assert!(b.is_attached(C) && b.is_attached(d) && !b.is_attached(B));
+    assert_eq!(b.stats().clients_connected, 2);
 }
 
 #[test]

@@ -1,0 +1,193 @@
+//! One device's unanswered orders, with every operation the device's loop does per order in constant time
+//! (amortised): a device may hold hundreds of thousands of orders (a drain's backlog), and a scan of them per answer
+//! would make the load generator, not the server, the thing measured.
+
+use std::collections::{HashMap, VecDeque};
+use tokio::time::Instant;
+use transport_core::{Order, OrderId};
+
+struct Entry {
+    order: Order,
+    /// Its place in the order the device was given orders: re-sending on a new connection keeps that order.
+    made: u64,
+    /// The connection generation it was last sent on (0: never sent).
+    sent_on: u64,
+    /// When it was last sent (`None`: waiting for a connection).
+    sent_at: Option<Instant>,
+}
+
+/// Unanswered orders: sent on the current connection or waiting to be.
+#[derive(Default)]
+pub(super) struct Orders {
+    by_id: HashMap<OrderId, Entry>,
+    made: u64,
+    /// The generation [`Orders::unsent`] is for.
+    generation: u64,
+    /// Orders not yet sent on `generation`, in the order they were made (ids no longer here are skipped).
+    unsent: VecDeque<OrderId>,
+    /// Every send, in time order: `(when, id, generation)`; a record is stale once its order was answered, sent
+    /// again, or its connection dropped, and is skipped then.
+    sends: VecDeque<(Instant, OrderId, u64)>,
+}
+
+impl Orders {
+    /// A new order, to be sent on the current connection; `false` if an order with its id is unanswered already
+    /// (one order, sent and answered once).
+    pub(super) fn push(&mut self, order: Order) -> bool {
+        let id = order.id;
+        self.made += 1;
+        let entry = Entry {
+            order,
+            made: self.made,
+            sent_on: 0,
+            sent_at: None,
+        };
+        if self.by_id.contains_key(&id) {
+            return false;
+        }
+        self.by_id.insert(id, entry);
+        self.unsent.push_back(id);
+        true
+    }
+
+    pub(super) fn is_empty(&self) -> bool {
+        self.by_id.is_empty()
+    }
+
+    /// Forget every order; how many there were.
+    pub(super) fn clear(&mut self) -> usize {
+        let n = self.by_id.len();
+        self.by_id.clear();
+        self.unsent.clear();
+        self.sends.clear();
+        n
+    }
+
+    /// Answered: forget it. Whether it was here (an order is answered once).
+    pub(super) fn remove(&mut self, id: &OrderId) -> bool {
+        self.by_id.remove(id).is_some()
+    }
+
+    /// Hand every order not yet sent on connection `generation` to `send`, with whether it had been sent before
+    /// (on an earlier connection), and note when.
+    pub(super) fn send_unsent(
+        &mut self,
+        generation: u64,
+        now: Instant,
+        mut send: impl FnMut(&Order, bool),
+    ) {
+        if generation != self.generation {
+            // A new connection: everything goes again, in the order it was made.
+            self.generation = generation;
+            let mut all: Vec<(u64, OrderId)> = self
+                .by_id
+                .iter()
+                .filter(|(_, e)| e.sent_on != generation)
+                .map(|(id, e)| (e.made, *id))
+                .collect();
+            all.sort_unstable();
+            self.unsent = all.into_iter().map(|(_, id)| id).collect();
+        }
+        while let Some(id) = self.unsent.pop_front() {
+            let Some(e) = self.by_id.get_mut(&id) else {
+                continue; // answered meanwhile
+            };
+            if e.sent_on == generation {
+                continue;
+            }
+            let again = e.sent_on != 0;
+            e.sent_on = generation;
+            e.sent_at = Some(now);
+            self.sends.push_back((now, id, generation));
+            send(&e.order, again);
+        }
+    }
+
+    /// When the longest-waiting order sent on a live connection was sent.
+    pub(super) fn oldest_sent(&mut self) -> Option<Instant> {
+        while let Some(&(at, id, generation)) = self.sends.front() {
+            match self.by_id.get(&id) {
+                Some(e) if e.sent_on == generation && e.sent_at == Some(at) => return Some(at),
+                _ => {
+                    self.sends.pop_front();
+                }
+            }
+        }
+        None
+    }
+
+    /// The connection dropped: nothing is waiting for an answer on it any more.
+    pub(super) fn connection_dropped(&mut self) {
+        for e in self.by_id.values_mut() {
+            e.sent_at = None;
+        }
+        self.sends.clear();
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::time::Duration;
+
+    fn order(seq: u64) -> Order {
+        Order {
+            id: OrderId {
+                sender: 1,
+                run: 1,
+                seq,
+            },
+            made_us: 0,
+            payload: vec![],
+        }
+    }
+
+    fn sent(o: &mut Orders, generation: u64, now: Instant) -> Vec<(u64, bool)> {
+        let mut out = Vec::new();
+        o.send_unsent(generation, now, |order, again| {
+            out.push((order.id.seq, again))
+        });
+        out
+    }
+
+    #[test]
+    fn orders_go_once_per_connection_in_the_order_made_and_again_on_a_new_one() {
+        let t0 = Instant::now();
+        let mut o = Orders::default();
+        for seq in 0..4 {
+            o.push(order(seq));
+        }
+        assert_eq!(
+            sent(&mut o, 1, t0),
+            [(0, false), (1, false), (2, false), (3, false)]
+        );
+        assert!(sent(&mut o, 1, t0).is_empty(), "sent once per connection");
+        assert!(o.remove(&order(1).id));
+        assert!(!o.remove(&order(1).id), "answered once");
+        o.push(order(4));
+        assert_eq!(sent(&mut o, 1, t0), [(4, false)]);
+        o.connection_dropped();
+        assert_eq!(o.oldest_sent(), None);
+        assert_eq!(
+            sent(&mut o, 2, t0),
+            [(0, true), (2, true), (3, true), (4, true)]
+        );
+        assert_eq!(o.clear(), 4);
+        assert!(o.is_empty());
+    }
+
+    #[test]
+    fn the_oldest_send_skips_answered_orders() {
+        let t0 = Instant::now();
+        let mut o = Orders::default();
+        o.push(order(0));
+        sent(&mut o, 1, t0);
+        o.push(order(1));
+        sent(&mut o, 1, t0 + Duration::from_millis(10));
+        assert_eq!(o.oldest_sent(), Some(t0));
+        o.remove(&order(0).id);
+        assert_eq!(o.oldest_sent(), Some(t0 + Duration::from_millis(10)));
+        o.remove(&order(1).id);
+        assert_eq!(o.oldest_sent(), None);
+    }
+}
