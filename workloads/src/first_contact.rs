@@ -7,8 +7,14 @@
 //! and then the order on a stream (2), for MQTT a TCP handshake, the TLS 1.3 handshake, CONNECT and then the PUBLISH
 //! (4, or 3 where the client sends CONNECT with its TLS Finished and PUBLISH without waiting for CONNACK).
 //!
+//! A peer whose order is not answered within `timeout_s` is `unanswered`: it counts in the histogram at the timeout,
+//! the run is marked `timed_out`, and the next peer goes on.
+//!
 //! Metrics: `rtt_ms` (the setting), `measured_rtt_ms` (what the emulator added, medians of both directions),
-//! `p50_ms`, `p99_ms`, `round_trips` (p50 / RTT), `handshakes` (client side); histogram `time_to_stored`.
+//! `p50_ms`, `p99_ms`, `round_trips` (p50 / RTT), `handshakes` (client side), `orders_made`, `orders_acked`,
+//! `unanswered`, `timed_out`; the emulator's whole measurement of each direction (`link_to_server_*` and
+//! `link_to_client_*`: `packets`, `mean_ms`, `p50_ms`, `p99_ms`, `max_ms`, `dropped`, `held`) and its flows
+//! (`link_flows`, `link_flow_errors`); histogram `time_to_stored`.
 
 use crate::emulator::{LinkConfig, LinkEmulator};
 use crate::harness::{self, Profile, Run, Waited, WorkloadError};
@@ -80,6 +86,16 @@ const INFO: Info = Info {
             about: "asymmetric operations of the client side",
         },
         Metric {
+            key: "link_to_server_p99_ms",
+            unit: "ms",
+            about: "the emulator's added delay toward the server, 99th percentile (also _p50, _max, _mean, _packets, _dropped, _held; and link_to_client_*)",
+        },
+        Metric {
+            key: "unanswered",
+            unit: "count",
+            about: "peers whose order was not answered within the timeout (in the histogram at the timeout)",
+        },
+        Metric {
             key: "lost",
             unit: "count",
             about: "acknowledged orders missing from the store's log",
@@ -93,12 +109,12 @@ const INFO: Info = Info {
     columns: &[
         Column::new("RTT, ms", "rtt_ms", Format::Count),
         Column::new("measured RTT, ms", "measured_rtt_ms", Format::Decimal),
-        Column::new("p50, ms", "p50_ms", Format::Decimal),
-        Column::new("round trips", "round_trips", Format::Decimal),
-        Column::new("p99, ms", "p99_ms", Format::Decimal),
-        Column::new("handshakes", "handshakes", Format::Count),
-        Column::new("lost", "lost", Format::Sum),
-        Column::new("applied twice", "duplicates", Format::Sum),
+        Column::new("p50, ms", "p50_ms", Format::Decimal).lower(),
+        Column::new("round trips", "round_trips", Format::Decimal).lower(),
+        Column::new("p99, ms", "p99_ms", Format::Decimal).lower(),
+        Column::new("handshakes", "handshakes", Format::Count).lower(),
+        Column::new("lost", "lost", Format::Sum).lower(),
+        Column::new("applied twice", "duplicates", Format::Sum).lower(),
     ],
     primary: ("round_trips", Better::Lower),
     case_keys: &["rtt_ms"],
@@ -111,8 +127,8 @@ const INFO: Info = Info {
             Format::Decimal,
         )],
         per_transport: &[
-            Column::new("p50, ms", "p50_ms", Format::Decimal),
-            Column::new("round trips", "round_trips", Format::Decimal),
+            Column::new("p50, ms", "p50_ms", Format::Decimal).lower(),
+            Column::new("round trips", "round_trips", Format::Decimal).lower(),
         ],
     }),
 };
@@ -172,15 +188,16 @@ async fn first_contact(run: &mut Run<'_>, p: &FirstContactParams) -> Result<(), 
     let mut times = hist::new();
     let mut made = Vec::new();
     let mut acked = Vec::new();
+    let limit = Duration::from_secs(p.timeout_s);
+    let mut unanswered = 0u64;
     for d in 0..p.peers {
         let order = harness::order(d, harness::new_run(), 0, p.payload_bytes as usize);
         let id = order.id;
         made.push(id);
         let t0 = Instant::now();
         f.fleet.send(d, order);
-        let deadline = t0 + Duration::from_secs(p.timeout_s);
         let waited = f
-            .until(deadline, |event| match *event {
+            .until(t0 + limit, |event| match *event {
                 LinkEvent::Stored { id: got, at, .. } if got == id => {
                     hist::record(&mut times, at.saturating_duration_since(t0));
                     acked.push(id);
@@ -189,20 +206,28 @@ async fn first_contact(run: &mut Run<'_>, p: &FirstContactParams) -> Result<(), 
                 _ => false,
             })
             .await;
-        if waited != Waited::Done {
-            return Err(WorkloadError::Timeout(format!(
-                "peer {d}'s first order was not answered within {} s",
-                p.timeout_s
-            )));
+        match waited {
+            Waited::Done => {}
+            Waited::TimedOut => {
+                // Never hidden: it counts at the timeout, and the run is marked.
+                run.say(&format!(
+                    "peer {d}'s first order was not answered within {limit:?}"
+                ));
+                hist::record(&mut times, limit);
+                unanswered += 1;
+            }
+            Waited::Closed => {
+                return Err(WorkloadError::Timeout(format!(
+                    "the fleet stopped reporting before peer {d}'s order was answered"
+                )))
+            }
         }
     }
     let client = f.counters.snapshot();
     f.fleet.close().await;
-    run.server()?.shutdown().await?;
-    let measured = {
-        let m = link.measured();
-        (m.to_server.p50_us + m.to_client.p50_us) / 1e3
-    };
+    run.stop_server().await?;
+    let link = link.measured();
+    let measured = (link.to_server.p50_us + link.to_client.p50_us) / 1e3;
     run.audit(&made, &acked)?;
 
     let p50 = hist::quantile_ms(&times, 0.5);
@@ -213,6 +238,25 @@ async fn first_contact(run: &mut Run<'_>, p: &FirstContactParams) -> Result<(), 
     run.metric("round_trips", p50 / p.rtt_ms.max(1) as f64);
     run.metric("handshakes", client.handshakes);
     run.metric("client_asym_ops", client.asym_ops());
+    run.metric("orders_made", made.len());
+    run.metric("orders_acked", acked.len());
+    run.metric("unanswered", unanswered);
+    run.metric("timed_out", u64::from(unanswered > 0));
+    for (direction, d) in [
+        ("to_server", &link.to_server),
+        ("to_client", &link.to_client),
+    ] {
+        let key = |what: &str| format!("link_{direction}_{what}");
+        run.metric(&key("packets"), d.packets);
+        run.metric(&key("mean_ms"), d.mean_us / 1e3);
+        run.metric(&key("p50_ms"), d.p50_us / 1e3);
+        run.metric(&key("p99_ms"), d.p99_us / 1e3);
+        run.metric(&key("max_ms"), d.max_us / 1e3);
+        run.metric(&key("dropped"), d.dropped);
+        run.metric(&key("held"), d.held);
+    }
+    run.metric("link_flows", link.flows);
+    run.metric("link_flow_errors", link.flow_errors);
     run.histogram("time_to_stored", &times);
     Ok(())
 }

@@ -2,9 +2,13 @@
 //! workload against a transport, which owns the run's directories, the server process, the result being filled in
 //! and the clean-up; a [`FleetHandle`] waits for the links' events until a deadline.
 //!
-//! Errors are errors: a server that cannot answer its control line fails the run ([`Run::server_stats`]), it never
-//! reads as zeros.
+//! Errors are errors: a server that cannot answer its control line, or reports an error or a failed store, fails the
+//! run ([`Run::server_stats`]), it never reads as zeros; a failed run is a result too, with its error
+//! ([`RunResult::error`]). Every result carries its store's durability ([`crate::durability`]); the server runs on
+//! the CPUs the provenance's pinning gives it ([`crate::pin`]).
 
+use crate::adversary::hostile::Hostile;
+pub use crate::durability::ServerStats;
 use crate::process::{ProcessError, ServerProcess};
 use crate::result::{Provenance, RunResult, SCHEMA};
 use crate::workload::Info;
@@ -19,7 +23,7 @@ use transport_core::{
     Capabilities, CounterSnapshot, Counters, Fleet, FleetConfig, LinkEvent, Need, OrderId,
     Transport,
 };
-use transport_store::{StoreStats, SyncPolicy};
+use transport_store::SyncPolicy;
 
 /// Errors a workload returns.
 #[derive(Debug, thiserror::Error)]
@@ -33,6 +37,15 @@ pub enum WorkloadError {
     /// The server's control line answered something that is not its statistics.
     #[error("server statistics: {0}")]
     Stats(String),
+    /// A load-generator worker process failed or reported an error.
+    #[error("load generator: {0}")]
+    Worker(#[from] crate::worker::WorkerError),
+    /// The server reported an error on its control line (or as it stopped).
+    #[error("server: {0}")]
+    Server(String),
+    /// The server's store failed a write or a sync: it answers nothing as stored any more.
+    #[error("the server's store failed: {0}")]
+    StoreFailed(String),
     /// The store's log could not be audited.
     #[error("store audit: {0}")]
     Store(#[from] transport_store::StoreError),
@@ -97,6 +110,9 @@ pub struct Harness {
     pub keep: bool,
     /// Progress lines (the runner prints them on stderr).
     pub progress: Arc<dyn Fn(&str) + Send + Sync>,
+    /// Run an adversary beside every run ([`crate::adversary::hostile`]); results carry `"hostile": true` in their
+    /// parameters.
+    pub hostile: bool,
 }
 
 impl Harness {
@@ -123,28 +139,51 @@ impl Harness {
             histograms: BTreeMap::new(),
             provenance: self.provenance.clone(),
             skipped: None,
+            durability: None,
+            error: None,
         }
     }
 
-    /// Run one case of `workload` against `transport`: the result, or the reason it does not apply
-    /// ([`RunResult::skipped`]). The run's server is stopped and its directories removed however it ends.
+    /// Run one case of `workload` against `transport`: the result, the reason it does not apply
+    /// ([`RunResult::skipped`]), or the error that ended it ([`RunResult::error`], beside whatever it recorded
+    /// before). The run's server is stopped and its directories removed however it ends.
     pub async fn run(
         &self,
         workload: &dyn crate::AnyWorkload,
         transport: &dyn Transport,
         round: u32,
         params: &serde_json::Value,
-    ) -> Result<RunResult, WorkloadError> {
+    ) -> RunResult {
         let info = workload.info();
         let mut result = self.result(info.name, transport.spec(), round, params.clone());
+        if self.hostile {
+            result.params["hostile"] = true.into();
+        }
         if let Some(reason) = not_applicable(info, &transport.capabilities()) {
             result.skipped = Some(reason);
-            return Ok(result);
+            return result;
         }
-        let mut run = self.begin(transport, round, result)?;
+        if self.hostile && !Hostile::supported(transport.spec()) {
+            result.skipped = Some(format!("no adversary speaks {}", transport.spec()));
+            return result;
+        }
+        let mut run = match self.begin(transport, round, result.clone()) {
+            Ok(run) => run,
+            Err(e) => {
+                result.error = Some(e.to_string());
+                return result;
+            }
+        };
         let outcome = workload.run_json(&mut run, params).await;
-        let result = run.finish().await;
-        outcome.map(|()| result)
+        let mut result = run.finish().await;
+        if let Err(e) = outcome {
+            // The workload's own error comes first: a server error found at the end is often its consequence.
+            result.error = Some(match result.error.take() {
+                Some(later) => format!("{e}; then: {later}"),
+                None => e.to_string(),
+            });
+        }
+        result
     }
 }
 
@@ -165,17 +204,6 @@ pub struct RunDirs {
     pub base: PathBuf,
 }
 
-/// What a server reports on its control line.
-#[derive(Debug, Clone, Copy, PartialEq, Deserialize)]
-pub struct ServerStats {
-    /// Its counters.
-    pub counters: CounterSnapshot,
-    /// What its store has done.
-    pub store: StoreStats,
-    /// Its CPU seconds (getrusage: every thread, microsecond resolution).
-    pub cpu_s: f64,
-}
-
 /// One run of one workload case against one transport.
 pub struct Run<'a> {
     /// The invocation's settings.
@@ -191,6 +219,10 @@ pub struct Run<'a> {
     server: Option<ServerProcess>,
     /// Where the server listens (a restart reuses the port the first start got).
     listen: SocketAddr,
+    /// The latest statistics of each server process that has ended, for the result's durability.
+    ended: Vec<Option<serde_json::Value>>,
+    /// The adversary beside the run, from the server's first start (hostile runs only).
+    hostile: Option<Hostile>,
 }
 
 impl Harness {
@@ -225,6 +257,8 @@ impl Harness {
             result,
             server: None,
             listen: any_loopback(),
+            ended: Vec::new(),
+            hostile: None,
         })
     }
 }
@@ -250,28 +284,51 @@ impl<'a> Run<'a> {
         ));
     }
 
-    /// Write the server's identity and the credentials of `devices` devices.
+    /// Write the server's identity and the credentials of `devices` devices (and, in a hostile run, of one more: the
+    /// adversary's own).
     pub fn prepare(&self, devices: u32) -> Result<(), WorkloadError> {
-        Ok(self.transport.prepare(&self.dirs.identity, devices)?)
+        let extra = u32::from(self.harness.hostile);
+        Ok(self
+            .transport
+            .prepare(&self.dirs.identity, devices + extra)?)
     }
 
     /// Start the server (`runner serve`) and wait until it is ready; its address.
     pub async fn start_server(&mut self) -> Result<SocketAddr, WorkloadError> {
         if let Some(mut old) = self.server.take() {
             let _ = old.kill().await;
+            self.ended.push(old.last_stats().cloned());
         }
-        let server = ServerProcess::start(self.server_command(), Duration::from_secs(30)).await?;
+        let server = ServerProcess::start(self.server_command()?, Duration::from_secs(30)).await?;
         self.listen = server.ready().addr;
         self.server = Some(server);
+        if self.harness.hostile {
+            if self.hostile.is_none() {
+                let dir = self.dirs.base.join("adversary");
+                self.hostile = Some(Hostile::enroll(self.spec(), &self.dirs.identity, &dir)?);
+            }
+            let (runner, listen) = (self.harness.runner.clone(), self.listen);
+            if let Some(h) = self.hostile.as_mut() {
+                h.start(&runner, listen).await?;
+            }
+        }
         Ok(self.listen)
     }
 
-    /// Kill the server with SIGKILL and start it again at once on the same port with the same identity and store.
-    pub async fn restart_server(&mut self) -> Result<(), WorkloadError> {
+    /// Kill the server with SIGKILL and start it again at once on the same port with the same identity and store;
+    /// the instant of the kill.
+    ///
+    /// Its statistics are read just before the kill, for the result's durability (a killed server says nothing
+    /// after), and, in a hostile run, for the adversary's tally (the server's counters are summed over its starts).
+    pub async fn restart_server(&mut self) -> Result<Instant, WorkloadError> {
+        let stats = self.server_stats().await?;
+        if let Some(h) = self.hostile.as_mut() {
+            h.server_ending(&stats);
+        }
+        let killed = Instant::now();
         self.server()?.kill().await?;
-        self.server = None;
         self.start_server().await?;
-        Ok(())
+        Ok(killed)
     }
 
     /// The running server.
@@ -281,14 +338,37 @@ impl<'a> Run<'a> {
             .ok_or_else(|| WorkloadError::Stats("no server is running".into()))
     }
 
-    /// The server's statistics from its control line; an error if it cannot answer or answers something else.
+    /// The server's statistics from its control line; an error if it cannot answer, answers something else,
+    /// reports an error, or its store failed.
     pub async fn server_stats(&mut self) -> Result<ServerStats, WorkloadError> {
         let value = self.server()?.stats().await?;
-        serde_json::from_value(value.clone())
-            .map_err(|e| WorkloadError::Stats(format!("{e} in {value}")))
+        ServerStats::parse(&value)
     }
 
-    fn server_command(&self) -> tokio::process::Command {
+    /// Stop the server at the end of a run (asking it to exit). In a hostile run the adversary goes quiet first, the
+    /// server is given time to give up on the half-open connections it holds, and must then answer its control line
+    /// (`server_answered_end`).
+    pub async fn stop_server(&mut self) -> Result<(), WorkloadError> {
+        if let Some(settle) = self.hostile.as_ref().map(Hostile::settle) {
+            if let Some(h) = self.hostile.as_mut() {
+                h.quiet().await?;
+            }
+            tokio::time::sleep(settle).await;
+            let stats = self.server_stats().await;
+            if let Some(h) = self.hostile.as_mut() {
+                h.answered_end(stats.is_ok());
+                if let Ok(stats) = &stats {
+                    h.server_ending(stats);
+                }
+                h.stop().await?;
+            }
+        }
+        self.server()?.shutdown().await?;
+        Ok(())
+    }
+
+    /// The command that starts the server, pinned to the server's CPUs when the invocation pins.
+    fn server_command(&self) -> Result<tokio::process::Command, WorkloadError> {
         let h = self.harness;
         let mut cmd = tokio::process::Command::new(&h.runner);
         cmd.arg("serve")
@@ -304,7 +384,11 @@ impl<'a> Run<'a> {
             .arg(h.sync.to_string())
             .arg("--server-threads")
             .arg(h.server_threads.to_string());
-        cmd
+        let pinning = &h.provenance.pinning;
+        if pinning.separate() {
+            crate::pin::pin_command(&mut cmd, &pinning.server_cpus)?;
+        }
+        Ok(cmd)
     }
 
     /// Create the links of `devices` devices to `server`, reporting into a new channel.
@@ -320,6 +404,7 @@ impl<'a> Run<'a> {
             .fleet(FleetConfig {
                 server,
                 identity: self.dirs.identity.clone(),
+                first: 0,
                 devices,
                 events: tx,
                 counters: counters.clone(),
@@ -363,9 +448,20 @@ impl<'a> Run<'a> {
         if !self.capabilities().can(Need::StoredAnswers).is_yes() {
             return Ok(None);
         }
-        let audit = transport_store::audit(&self.dirs.store, made, acked)?;
+        let entries = self.log_entries()?;
+        let audit = transport_store::Audit::of_entries(&entries, made, acked);
         self.record_audit(&audit);
         Ok(Some(audit))
+    }
+
+    /// The store's log, without the adversary's orders in a hostile run (counted apart: see
+    /// [`Hostile::split`]).
+    pub fn log_entries(&mut self) -> Result<Vec<transport_store::LogEntry>, WorkloadError> {
+        let entries = transport_store::read_log(&self.dirs.store)?;
+        Ok(match self.hostile.as_mut() {
+            Some(h) => h.split(entries),
+            None => entries,
+        })
     }
 
     /// Record an audit's figures.
@@ -377,15 +473,43 @@ impl<'a> Run<'a> {
         self.metric("unknown", audit.unknown);
     }
 
-    /// Stop the server and remove the directories (unless kept); the result.
+    /// Stop the server, record the store's durability from what every server process last reported (an error it
+    /// reported becomes the result's error), remove the directories (unless kept); the result.
     pub async fn finish(mut self) -> RunResult {
+        if let Some(mut h) = self.hostile.take() {
+            // A workload that shut its server down itself, not through `stop_server`, leaves no answer at the end.
+            let _ = h.stop().await;
+            h.record(&mut self.result);
+        }
         if let Some(mut server) = self.server.take() {
             let _ = server.shutdown().await;
+            self.ended.push(server.last_stats().cloned());
+        }
+        if let Err(e) = self.record_durability() {
+            self.result.error = Some(e.to_string());
         }
         if !self.harness.keep {
             let _ = std::fs::remove_dir_all(&self.dirs.base);
         }
         self.result
+    }
+
+    fn record_durability(&mut self) -> Result<(), WorkloadError> {
+        // A server that never answered (killed before it was asked) has nothing to add.
+        let lasts = self
+            .ended
+            .iter()
+            .flatten()
+            .map(ServerStats::parse)
+            .collect::<Result<Vec<_>, _>>()?;
+        let h = self.harness;
+        if let Some((d, fsync)) =
+            crate::durability::summarize(h.sync.name(), h.server_threads, &lasts)?
+        {
+            self.result.durability = Some(d);
+            self.histogram("store_fsync", &fsync);
+        }
+        Ok(())
     }
 }
 

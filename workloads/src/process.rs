@@ -1,22 +1,30 @@
-//! Server processes the runner starts, controls and never leaves behind.
+//! Child processes the runner starts, controls and never leaves behind: servers (`runner serve`) and load-generator
+//! workers (`runner worker`, see [`crate::worker`]).
 //!
-//! # The contract with `runner serve`
+//! # The contract with a child (`runner serve` and `runner worker` keep it)
 //!
-//! - The first line the server writes on stdout is `{"ready": ReadyLine}` (see [`ReadyLine`]).
-//! - After that, each line `stats` written to its stdin is answered by one JSON object on one line of stdout.
-//! - End of file on stdin means the server should exit.
+//! - The first line the child writes on stdout is `{"ready": ...}` (a server's is a [`ReadyLine`]), or
+//!   `{"error": "..."}` if it could not start.
+//! - After that, each command line written to its stdin (a server's: `stats`) is answered by one JSON object on one
+//!   line of stdout.
+//! - End of file on stdin means the child should exit; a server may write its statistics one last time first, and
+//!   [`ServerProcess::shutdown`] keeps them ([`ServerProcess::last_stats`]).
 //! - Its stderr is the runner's stderr.
+//!
+//! A [`ControlledProcess`] is generic over what its ready line carries; a [`ServerProcess`] is one whose ready line
+//! is a [`ReadyLine`].
 //!
 //! # Never leaving one behind
 //!
 //! Three mechanisms cover the ways the runner can end:
 //!
-//! - Dropping a [`ServerProcess`] (an error path, a panic unwinding) sends SIGKILL; tokio reaps the child in the
+//! - Dropping a [`ControlledProcess`] (an error path, a panic unwinding) sends SIGKILL; tokio reaps the child in the
 //!   background, so the runtime never blocks.
 //! - [`install_cleanup`] makes SIGINT, SIGTERM and SIGHUP, and any panic, SIGKILL every live child first.
 //! - Each child asks the kernel (`PR_SET_PDEATHSIG`) to be sent SIGKILL when the runner dies, even by SIGKILL, when
 //!   no code of ours runs at all.
 
+use serde::de::DeserializeOwned;
 use serde::{Deserialize, Serialize};
 use std::collections::BTreeMap;
 use std::io;
@@ -47,21 +55,29 @@ pub struct ReadyLine {
     pub serving_pid: Option<u32>,
 }
 
-/// The server's first line: `{"ready": {...}}`.
+/// A child's first line: `{"ready": {...}}` (a server's carries a [`ReadyLine`]).
 #[derive(Debug, Clone, Serialize, Deserialize)]
-pub struct ReadyMessage {
-    /// What the server reports.
-    pub ready: ReadyLine,
+pub struct ReadyMessage<R = ReadyLine> {
+    /// What the child reports.
+    pub ready: R,
 }
 
-/// How long [`ServerProcess::stats`] waits for an answer.
-pub const STATS_TIMEOUT: Duration = Duration::from_secs(5);
-/// How long [`ServerProcess::shutdown`] waits for the server to exit on its own.
+/// A child's first line when it could not start: `{"error": "..."}`.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct ErrorMessage {
+    /// Why, in one line.
+    pub error: String,
+}
+
+/// How long [`ControlledProcess::stats`] waits for an answer. A saturated server on two shared cores (a flood at its
+/// limit) took more than 5 s to answer its control line; a server that does not answer in 20 s is failing.
+pub const STATS_TIMEOUT: Duration = Duration::from_secs(20);
+/// How long [`ControlledProcess::shutdown`] waits for the child to exit on its own.
 pub const SHUTDOWN_GRACE: Duration = Duration::from_secs(2);
 /// How much of a bad line an error quotes.
 const QUOTE_LIMIT: usize = 200;
 
-/// Errors starting and controlling a server process.
+/// Errors starting and controlling a child process.
 #[derive(Debug, thiserror::Error)]
 pub enum ProcessError {
     /// The program could not be started.
@@ -72,68 +88,77 @@ pub enum ProcessError {
         /// The operating system's error.
         source: io::Error,
     },
-    /// The server exited before it wrote its ready line.
-    #[error("server exited with {status} before it was ready")]
+    /// The child exited before it wrote its ready line.
+    #[error("process exited with {status} before it was ready")]
     ExitedBeforeReady {
         /// How it ended, e.g. `status 2` or `signal 9`.
         status: String,
     },
-    /// The server wrote no ready line in time, and was killed.
-    #[error("server (pid {pid}) was not ready within {after:?}; killed it")]
+    /// The child reported that it could not start (`{"error": "..."}`), and was reaped or killed.
+    #[error("process could not start: {message}")]
+    StartFailed {
+        /// What it reported.
+        message: String,
+    },
+    /// The child wrote no ready line in time, and was killed.
+    #[error("process (pid {pid}) was not ready within {after:?}; killed it")]
     ReadyTimeout {
-        /// The server's pid.
+        /// The pid.
         pid: u32,
         /// The timeout.
         after: Duration,
     },
-    /// The server's first line is not a ready line; it was killed.
-    #[error("server's first line is not a ready line ({reason}): {line}")]
+    /// The child's first line is not a ready line; it was killed.
+    #[error("process's first line is not a ready line ({reason}): {line}")]
     BadReady {
         /// The line (shortened).
         line: String,
         /// Why it does not parse.
         reason: String,
     },
-    /// The server did not answer `stats` in time.
-    #[error("server (pid {pid}) did not answer stats within {after:?}")]
+    /// The child did not answer a command (`stats`, ...) in time.
+    #[error("process (pid {pid}) did not answer within {after:?}")]
     StatsTimeout {
-        /// The server's pid.
+        /// The pid.
         pid: u32,
         /// The timeout.
         after: Duration,
     },
-    /// The answer to `stats` is not a JSON object.
-    #[error("server's answer to stats is not a JSON object ({reason}): {line}")]
+    /// The answer to a command is not a JSON object.
+    #[error("process's answer is not a JSON object ({reason}): {line}")]
     BadStats {
         /// The line (shortened).
         line: String,
         /// Why it does not parse.
         reason: String,
     },
-    /// The server closed its stdout: it exited or is exiting.
-    #[error("server (pid {pid}) closed its output")]
+    /// The child closed its stdout: it exited or is exiting.
+    #[error("process (pid {pid}) closed its output")]
     Closed {
-        /// The server's pid.
+        /// The pid.
         pid: u32,
     },
-    /// The server was killed, shut down or has exited, and was reaped.
-    #[error("server (pid {pid}) is no longer running")]
+    /// The child was killed, shut down or has exited, and was reaped.
+    #[error("process (pid {pid}) is no longer running")]
     NotRunning {
-        /// The server's pid.
+        /// The pid.
         pid: u32,
     },
-    /// Talking to the server, signalling it or waiting for it failed.
-    #[error("{what} server (pid {pid}): {source}")]
+    /// A command to send is not one line.
+    #[error("a command must be one line: {0:?}")]
+    BadCommand(String),
+    /// Talking to the child, signalling it or waiting for it failed.
+    #[error("{what} process (pid {pid}): {source}")]
     Io {
-        /// The server's pid.
+        /// The pid.
         pid: u32,
         /// What was being done.
         what: &'static str,
         /// The operating system's error.
         source: io::Error,
     },
-    /// The signal handlers that kill servers at exit could not be installed.
-    #[error("cannot install the cleanup of server processes: {0}")]
+    /// The signal handlers that kill children at exit could not be installed.
+    #[error("cannot install the cleanup of child processes: {0}")]
     Cleanup(io::Error),
 }
 
@@ -165,7 +190,7 @@ fn unregister(pid: u32) {
     live().remove(&pid);
 }
 
-/// The pids of the server processes started and not yet killed, shut down or dropped.
+/// The pids of the child processes (servers, workers) started and not yet killed, shut down or dropped.
 pub fn live_pids() -> Vec<u32> {
     live().keys().copied().collect()
 }
@@ -192,7 +217,7 @@ fn kill_all(live: &BTreeMap<u32, Option<OwnedFd>>) {
     }
 }
 
-/// SIGKILL every live server process.
+/// SIGKILL every live child process (servers and workers).
 pub fn kill_all_servers() {
     kill_all(&live());
 }
@@ -214,32 +239,34 @@ fn quote(line: &[u8]) -> String {
     }
 }
 
-/// A running server process.
+/// A running server: a child whose ready line is a [`ReadyLine`].
+pub type ServerProcess = ControlledProcess<ReadyLine>;
+
+/// A running child process that keeps the contract of the module doc; its ready line carries an `R`.
 #[derive(Debug)]
-pub struct ServerProcess {
+pub struct ControlledProcess<R = ReadyLine> {
     child: Child,
     pid: u32,
-    ready: ReadyLine,
+    ready: R,
     stdin: Option<ChildStdin>,
     stdout: BufReader<ChildStdout>,
     /// A line being read; kept across a timeout so that no byte is lost.
     line: Vec<u8>,
-    /// Stats requests sent and not yet answered, ours included while one is in flight.
+    /// Commands sent and not yet answered, ours included while one is in flight.
     unanswered: u32,
     /// Set once the child has been reaped: its pid may belong to another process from then on.
     status: Option<ExitStatus>,
+    /// The latest statistics the server wrote (an answer to `stats`, or its last word at shutdown).
+    last_stats: Option<serde_json::Value>,
 }
 
-impl ServerProcess {
-    /// Start a server and wait up to `ready_timeout` for its ready line.
+impl<R: DeserializeOwned> ControlledProcess<R> {
+    /// Start a child and wait up to `ready_timeout` for its ready line.
     ///
     /// Stdin and stdout are piped, stderr is inherited. The child is killed if the runner dies (see the module
-    /// doc). Call this from a task on a runtime whose threads live as long as the server should: the kernel sends
+    /// doc). Call this from a task on a runtime whose threads live as long as the child should: the kernel sends
     /// the death signal when the *thread* that started the child exits, so not from `spawn_blocking`.
-    pub async fn start(
-        mut cmd: Command,
-        ready_timeout: Duration,
-    ) -> Result<ServerProcess, ProcessError> {
+    pub async fn start(mut cmd: Command, ready_timeout: Duration) -> Result<Self, ProcessError> {
         let program = cmd.as_std().get_program().to_string_lossy().into_owned();
         cmd.stdin(Stdio::piped())
             .stdout(Stdio::piped())
@@ -301,7 +328,7 @@ impl ServerProcess {
                 });
             }
             Ok(Ok(0)) => {
-                // Stdout closed: normally the server exited. Give it a moment to be reaped, then make sure.
+                // Stdout closed: normally the child exited. Give it a moment to be reaped, then make sure.
                 let status = match timeout(Duration::from_secs(1), child.wait()).await {
                     Ok(Ok(status)) => {
                         unregister(pid);
@@ -320,19 +347,24 @@ impl ServerProcess {
                     },
                 });
             }
-            Ok(Ok(_)) => match serde_json::from_slice::<ReadyMessage>(&line) {
+            Ok(Ok(_)) => match serde_json::from_slice::<ReadyMessage<R>>(&line) {
                 Ok(message) => message.ready,
                 Err(e) => {
                     let _ = kill_and_reap(&mut child, pid).await;
-                    return Err(ProcessError::BadReady {
-                        line: quote(&line),
-                        reason: e.to_string(),
+                    return Err(match serde_json::from_slice::<ErrorMessage>(&line) {
+                        Ok(failed) => ProcessError::StartFailed {
+                            message: failed.error,
+                        },
+                        Err(_) => ProcessError::BadReady {
+                            line: quote(&line),
+                            reason: e.to_string(),
+                        },
                     });
                 }
             },
         };
         line.clear();
-        Ok(ServerProcess {
+        Ok(ControlledProcess {
             child,
             pid,
             ready,
@@ -341,22 +373,17 @@ impl ServerProcess {
             line,
             unanswered: 0,
             status: None,
+            last_stats: None,
         })
     }
 
-    /// The server's process id.
+    /// The child's process id.
     pub fn pid(&self) -> u32 {
         self.pid
     }
 
-    /// The process that does the serving: the server itself, or the external broker it started. Its CPU and
-    /// memory are what a workload samples.
-    pub fn serving_pid(&self) -> u32 {
-        self.ready.serving_pid.unwrap_or(self.pid)
-    }
-
-    /// What the server reported when it was ready.
-    pub fn ready(&self) -> &ReadyLine {
+    /// What the child reported when it was ready.
+    pub fn ready(&self) -> &R {
         &self.ready
     }
 
@@ -376,17 +403,17 @@ impl ServerProcess {
         }
     }
 
-    /// Stop the server (SIGSTOP): it keeps its sockets but runs no code until [`ServerProcess::cont`].
+    /// Stop the child (SIGSTOP): it keeps its sockets but runs no code until [`ControlledProcess::cont`].
     pub fn stop(&self) -> Result<(), ProcessError> {
         self.signal(libc::SIGSTOP, "stopping")
     }
 
-    /// Let a stopped server continue (SIGCONT).
+    /// Let a stopped child continue (SIGCONT).
     pub fn cont(&self) -> Result<(), ProcessError> {
         self.signal(libc::SIGCONT, "continuing")
     }
 
-    /// Kill the server (SIGKILL, which also ends a stopped process) and reap it.
+    /// Kill the child (SIGKILL, which also ends a stopped process) and reap it.
     pub async fn kill(&mut self) -> Result<ExitStatus, ProcessError> {
         if let Some(status) = self.status {
             return Ok(status);
@@ -402,7 +429,7 @@ impl ServerProcess {
         Ok(status)
     }
 
-    /// Whether the server has exited (reaping it if so), without waiting.
+    /// Whether the child has exited (reaping it if so), without waiting.
     pub fn try_wait(&mut self) -> Result<Option<ExitStatus>, ProcessError> {
         if self.status.is_some() {
             return Ok(self.status);
@@ -419,19 +446,31 @@ impl ServerProcess {
         Ok(status)
     }
 
-    /// Ask the server for its statistics, waiting up to [`STATS_TIMEOUT`].
+    /// Ask the child for its statistics (`stats`), waiting up to [`STATS_TIMEOUT`].
     pub async fn stats(&mut self) -> Result<serde_json::Value, ProcessError> {
         self.stats_within(STATS_TIMEOUT).await
     }
 
-    /// Ask the server for its statistics, waiting up to `limit`.
-    ///
-    /// An answer that comes after its request timed out is recognised and skipped by the next request, so
-    /// answers never get out of step with requests.
+    /// Ask the child for its statistics (`stats`), waiting up to `limit`.
     pub async fn stats_within(
         &mut self,
         limit: Duration,
     ) -> Result<serde_json::Value, ProcessError> {
+        self.request_within("stats", limit).await
+    }
+
+    /// Send `command` (one line) and wait up to `limit` for its answer, one JSON object.
+    ///
+    /// An answer that comes after its request timed out is recognised and skipped by the next request, so
+    /// answers never get out of step with requests.
+    pub async fn request_within(
+        &mut self,
+        command: &str,
+        limit: Duration,
+    ) -> Result<serde_json::Value, ProcessError> {
+        if command.contains(['\n', '\r']) {
+            return Err(ProcessError::BadCommand(command.to_string()));
+        }
         let pid = self.pid;
         if self.status.is_some() {
             return Err(ProcessError::NotRunning { pid });
@@ -444,10 +483,11 @@ impl ServerProcess {
             .ok_or(ProcessError::NotRunning { pid })?;
         let io_err = |source| ProcessError::Io {
             pid,
-            what: "asking for stats of",
+            what: "sending a command to",
             source,
         };
-        match timeout_at(deadline, stdin.write_all(b"stats\n")).await {
+        let line = format!("{command}\n");
+        match timeout_at(deadline, stdin.write_all(line.as_bytes())).await {
             Err(_) => return Err(timed_out),
             Ok(Err(e)) if e.kind() == io::ErrorKind::BrokenPipe => {
                 return Err(ProcessError::Closed { pid })
@@ -471,7 +511,10 @@ impl ServerProcess {
                 continue; // the late answer to an earlier request
             }
             return match serde_json::from_slice::<serde_json::Value>(&line) {
-                Ok(value) if value.is_object() => Ok(value),
+                Ok(value) if value.is_object() => {
+                    self.last_stats = Some(value.clone());
+                    Ok(value)
+                }
                 Ok(_) => Err(ProcessError::BadStats {
                     line: quote(&line),
                     reason: "not an object".into(),
@@ -484,18 +527,37 @@ impl ServerProcess {
         }
     }
 
-    /// Close the server's stdin (asking it to exit), wait up to [`SHUTDOWN_GRACE`], then kill it.
+    /// Close the child's stdin (asking it to exit), wait up to [`SHUTDOWN_GRACE`], then kill it.
     pub async fn shutdown(&mut self) -> Result<ExitStatus, ProcessError> {
         self.shutdown_within(SHUTDOWN_GRACE).await
     }
 
-    /// Close the server's stdin, wait up to `grace`, then kill it.
+    /// Close the child's stdin, wait up to `grace` (keeping the statistics a server writes as it exits), then kill
+    /// it.
     pub async fn shutdown_within(&mut self, grace: Duration) -> Result<ExitStatus, ProcessError> {
         if let Some(status) = self.status {
             return Ok(status);
         }
         drop(self.stdin.take());
-        match timeout(grace, self.child.wait()).await {
+        let deadline = Instant::now() + grace;
+        // Its last lines: late answers to earlier requests, then its last word. Only whole lines count.
+        while let Ok(Ok(n)) =
+            timeout_at(deadline, self.stdout.read_until(b'\n', &mut self.line)).await
+        {
+            if n == 0 {
+                break;
+            }
+            if !self.line.ends_with(b"\n") {
+                continue;
+            }
+            let line = std::mem::take(&mut self.line);
+            if let Ok(value) = serde_json::from_slice::<serde_json::Value>(&line) {
+                if value.is_object() {
+                    self.last_stats = Some(value);
+                }
+            }
+        }
+        match timeout_at(deadline, self.child.wait()).await {
             Ok(Ok(status)) => {
                 unregister(self.pid);
                 self.status = Some(status);
@@ -509,9 +571,22 @@ impl ServerProcess {
             Err(_) => self.kill().await,
         }
     }
+
+    /// The latest statistics the server wrote: its answer to the last `stats`, or what it wrote as it shut down.
+    pub fn last_stats(&self) -> Option<&serde_json::Value> {
+        self.last_stats.as_ref()
+    }
 }
 
-impl Drop for ServerProcess {
+impl ControlledProcess<ReadyLine> {
+    /// The process that does the serving: the server itself, or the external broker it started. Its CPU and
+    /// memory are what a workload samples.
+    pub fn serving_pid(&self) -> u32 {
+        self.ready.serving_pid.unwrap_or(self.pid)
+    }
+}
+
+impl<R> Drop for ControlledProcess<R> {
     fn drop(&mut self) {
         if self.status.is_none() {
             // SAFETY: kill has no memory effects; the child is not reaped, so the pid is still ours.
@@ -535,7 +610,7 @@ async fn kill_and_reap(child: &mut Child, pid: u32) -> io::Result<ExitStatus> {
 
 static INSTALLED: Mutex<bool> = Mutex::new(false);
 
-/// Make SIGINT, SIGTERM, SIGHUP and panics kill every live server process; on a signal the process then exits with
+/// Make SIGINT, SIGTERM, SIGHUP and panics kill every live child process; on a signal the process then exits with
 /// status 130. Call once at the start of the binary; later calls do nothing. A failure is reported on stderr (see
 /// [`try_install_cleanup`]).
 pub fn install_cleanup() {
@@ -594,7 +669,7 @@ pub fn try_install_cleanup() -> Result<(), ProcessError> {
     Ok(())
 }
 
-/// Kill every live server from the panic hook, without ever blocking on the registry's lock.
+/// Kill every live child from the panic hook, without ever blocking on the registry's lock.
 fn kill_on_panic() {
     for _ in 0..100 {
         match LIVE.try_lock() {

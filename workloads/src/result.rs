@@ -2,8 +2,8 @@
 //!
 //! Later tools and CI read these keys: `schema`, `workload`, `transport` (the spec as given, e.g. `pure:plain`),
 //! `round`, `params`, `metrics`, `histograms` (name → HdrHistogram V2 serialized, base64), `provenance` (`commit`,
-//! `rustc`, `cpu`, `cores`, `kernel`, `date`, `profile`). A workload that does not apply to a transport writes a
-//! result with `skipped` set to the reason and no metrics.
+//! `dirty`, `build_profile`, `rustc`, `cpu`, `cores`, `kernel`, `date`, `profile`, `invocation`, `pinning`). A
+//! workload that does not apply to a transport writes a result with `skipped` set to the reason and no metrics.
 
 use serde::{Deserialize, Serialize};
 use std::collections::BTreeMap;
@@ -35,6 +35,12 @@ pub struct RunResult {
     /// Set when the workload does not apply to the transport: why.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub skipped: Option<String>,
+    /// The store's settings and what it did (absent when no server ran, and in results of older versions).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub durability: Option<crate::durability::Durability>,
+    /// Set when the run failed: the error. Metrics recorded before the failure stay, and say nothing on their own.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub error: Option<String>,
 }
 
 impl RunResult {
@@ -48,8 +54,12 @@ impl RunResult {
 #[derive(Debug, Clone, Serialize, Deserialize, PartialEq, Default)]
 #[serde(default)]
 pub struct Provenance {
-    /// The suite's commit (`git describe`-like; `-dirty` when the tree had changes).
+    /// The commit the runner was built from (embedded at build time; `unknown` outside a git checkout).
     pub commit: String,
+    /// Whether the sources the runner was built from differed from that commit.
+    pub dirty: bool,
+    /// The cargo profile the runner was built with (`release`, `debug`).
+    pub build_profile: String,
     /// The compiler that built the runner.
     pub rustc: String,
     /// CPU model.
@@ -62,6 +72,15 @@ pub struct Provenance {
     pub date: String,
     /// The profile (`quick`, `seed`).
     pub profile: String,
+    /// A random id shared by every result of one `runner` invocation: ratios are taken within one invocation only.
+    pub invocation: String,
+    /// Where the server and the load generator ran.
+    pub pinning: crate::pin::Pinning,
+    /// The runner's scheduling priority (`nice N, autogroup nice M`; the server inherits it): on a shared machine a
+    /// raised priority keeps other processes from taking the measured ones' CPUs.
+    pub priority: String,
+    /// The machine's 1-minute load average when the invocation started.
+    pub load_average: Option<f64>,
 }
 
 /// Errors reading or writing results files.
@@ -156,6 +175,8 @@ mod tests {
             histograms: BTreeMap::new(),
             provenance: Provenance::default(),
             skipped: None,
+            durability: None,
+            error: None,
         };
         append(&path, std::slice::from_ref(&r)).unwrap();
         r.round = 1;

@@ -19,6 +19,12 @@ pub struct Sample {
     pub server_rss_bytes: u64,
     /// CPU seconds this process has used.
     pub self_cpu_s: f64,
+    /// Seconds the server's threads waited for a CPU while they could run, summed like its CPU ([`crate::sched`]).
+    #[serde(default)]
+    pub server_wait_s: f64,
+    /// Seconds this process's threads waited for a CPU while they could run.
+    #[serde(default)]
+    pub self_wait_s: f64,
 }
 
 struct State {
@@ -28,6 +34,10 @@ struct State {
     /// The current process's CPU at its latest reading.
     current: Duration,
     self_cpu: Duration,
+    /// Run-queue waits, kept as the CPU times are.
+    wait_earlier: Duration,
+    wait_current: Duration,
+    self_wait: Duration,
     samples: Vec<Sample>,
 }
 
@@ -58,6 +68,9 @@ impl Sampler {
             earlier: Duration::ZERO,
             current: Duration::ZERO,
             self_cpu: Duration::ZERO,
+            wait_earlier: Duration::ZERO,
+            wait_current: Duration::ZERO,
+            self_wait: Duration::ZERO,
             samples: Vec::new(),
         }));
         let (stop, mut stopped) = oneshot::channel();
@@ -97,6 +110,11 @@ impl Sampler {
         }
         s.earlier += s.current;
         s.current = Duration::ZERO;
+        if let Ok(w) = crate::sched::run_queue_wait(s.pid) {
+            s.wait_current = s.wait_current.max(w);
+        }
+        s.wait_earlier += s.wait_current;
+        s.wait_current = Duration::ZERO;
         s.pid = pid;
     }
 
@@ -121,6 +139,8 @@ fn sample(state: &Mutex<State>, started: Instant) {
     let server_cpu = cpu_time(pid).ok();
     let rss = rss_bytes(pid).unwrap_or(0);
     let self_cpu = self_cpu_time().ok();
+    let server_wait = crate::sched::run_queue_wait(pid).ok();
+    let self_wait = crate::sched::run_queue_wait(std::process::id()).ok();
     let mut guard = lock(state);
     let s = &mut *guard;
     if s.pid == pid {
@@ -128,6 +148,12 @@ fn sample(state: &Mutex<State>, started: Instant) {
         if let Some(t) = server_cpu {
             s.current = s.current.max(t);
         }
+        if let Some(w) = server_wait {
+            s.wait_current = s.wait_current.max(w);
+        }
+    }
+    if let Some(w) = self_wait {
+        s.self_wait = s.self_wait.max(w);
     }
     if let Some(t) = self_cpu {
         s.self_cpu = s.self_cpu.max(t);
@@ -137,6 +163,8 @@ fn sample(state: &Mutex<State>, started: Instant) {
         server_cpu_s: (s.earlier + s.current).as_secs_f64(),
         server_rss_bytes: if s.pid == pid { rss } else { 0 },
         self_cpu_s: s.self_cpu.as_secs_f64(),
+        server_wait_s: (s.wait_earlier + s.wait_current).as_secs_f64(),
+        self_wait_s: s.self_wait.as_secs_f64(),
     };
     s.samples.push(sample);
 }
@@ -146,6 +174,16 @@ fn sample(state: &Mutex<State>, started: Instant) {
 pub fn cpu_between(samples: &[Sample], from_ms: u64, to_ms: u64) -> (f64, f64) {
     let server = |s: &Sample| s.server_cpu_s;
     let this = |s: &Sample| s.self_cpu_s;
+    (
+        value_at(samples, to_ms, server) - value_at(samples, from_ms, server),
+        value_at(samples, to_ms, this) - value_at(samples, from_ms, this),
+    )
+}
+
+/// Seconds the server and this process waited for a CPU between `from_ms` and `to_ms`, as [`cpu_between`].
+pub fn wait_between(samples: &[Sample], from_ms: u64, to_ms: u64) -> (f64, f64) {
+    let server = |s: &Sample| s.server_wait_s;
+    let this = |s: &Sample| s.self_wait_s;
     (
         value_at(samples, to_ms, server) - value_at(samples, from_ms, server),
         value_at(samples, to_ms, this) - value_at(samples, from_ms, this),
@@ -239,11 +277,14 @@ mod tests {
             server_cpu_s,
             server_rss_bytes: 0,
             self_cpu_s,
+            server_wait_s: server_cpu_s / 2.0,
+            self_wait_s: 0.0,
         };
         let samples = [s(0, 0.0, 1.0), s(100, 1.0, 1.5), s(200, 3.0, 2.0)];
         assert_eq!(cpu_between(&samples, 0, 200), (3.0, 1.0));
         assert_eq!(cpu_between(&samples, 50, 150), (1.5, 0.5));
         assert_eq!(cpu_between(&samples, 150, 1000), (1.0, 0.25));
         assert_eq!(cpu_between(&[], 0, 10), (0.0, 0.0));
+        assert_eq!(wait_between(&samples, 0, 200), (1.5, 0.0));
     }
 }

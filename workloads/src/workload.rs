@@ -45,15 +45,35 @@ pub struct Column {
     pub metric: &'static str,
     /// How the rounds are summarised.
     pub format: Format,
+    /// Which way is better; `None` for a setting or a figure that is neither (`workers`, `orders made`).
+    /// `runner compare` judges a change by it and `runner export` files the metric under it.
+    pub better: Option<Better>,
 }
 
 impl Column {
-    /// A column.
+    /// A column whose metric is neither better larger nor smaller.
     pub const fn new(header: &'static str, metric: &'static str, format: Format) -> Column {
         Column {
             header,
             metric,
             format,
+            better: None,
+        }
+    }
+
+    /// The same column, a larger value better (a rate).
+    pub const fn higher(self) -> Column {
+        Column {
+            better: Some(Better::Higher),
+            ..self
+        }
+    }
+
+    /// The same column, a smaller value better (a latency, a cost, a loss).
+    pub const fn lower(self) -> Column {
+        Column {
+            better: Some(Better::Lower),
+            ..self
         }
     }
 }
@@ -100,6 +120,42 @@ pub struct Info {
     pub case_keys: &'static [&'static str],
     /// Instead of a table per case, one table with a row per value of a swept parameter.
     pub sweep: Option<Sweep>,
+}
+
+impl Info {
+    /// Which way `metric` is better: the primary metric's direction, else that of a column (or sweep column) that
+    /// shows it; `None` when no column says.
+    pub fn better(&self, metric: &str) -> Option<Better> {
+        if self.primary.0 == metric {
+            return Some(self.primary.1);
+        }
+        let sweep = self
+            .sweep
+            .iter()
+            .flat_map(|s| s.shared.iter().chain(s.per_transport));
+        self.columns
+            .iter()
+            .chain(sweep)
+            .filter(|c| c.metric == metric)
+            .find_map(|c| c.better)
+    }
+
+    /// The metrics with a direction, in column order, each once (the primary first).
+    pub fn judged(&self) -> Vec<(&'static str, Better)> {
+        let mut out = vec![self.primary];
+        let sweep = self
+            .sweep
+            .iter()
+            .flat_map(|s| s.shared.iter().chain(s.per_transport));
+        for c in self.columns.iter().chain(sweep) {
+            if let Some(b) = c.better {
+                if !out.iter().any(|(m, _)| *m == c.metric) {
+                    out.push((c.metric, b));
+                }
+            }
+        }
+        out
+    }
 }
 
 /// A workload with typed parameters.
@@ -195,5 +251,52 @@ impl<W: Workload> AnyWorkload for W {
                 .map_err(|e| WorkloadError::Params(e.to_string()))?;
             self.run(run, &p).await
         })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn directions_agree_within_each_workload() {
+        for w in crate::ALL {
+            let info = w.info();
+            assert_eq!(
+                info.better(info.primary.0),
+                Some(info.primary.1),
+                "{}",
+                info.name
+            );
+            let sweep = info
+                .sweep
+                .iter()
+                .flat_map(|s| s.shared.iter().chain(s.per_transport));
+            for c in info.columns.iter().chain(sweep) {
+                if let Some(b) = c.better {
+                    assert_eq!(info.better(c.metric), Some(b), "{} {}", info.name, c.metric);
+                }
+            }
+            let judged = info.judged();
+            assert_eq!(judged[0], info.primary, "{}", info.name);
+            let mut metrics: Vec<&str> = judged.iter().map(|(m, _)| *m).collect();
+            metrics.sort_unstable();
+            metrics.dedup();
+            assert_eq!(
+                metrics.len(),
+                judged.len(),
+                "{}: each metric once",
+                info.name
+            );
+        }
+    }
+
+    #[test]
+    fn a_setting_has_no_direction() {
+        let info = crate::by_name("handshake-rate").unwrap().info();
+        assert_eq!(info.better("workers"), None);
+        assert_eq!(info.better("conn_per_s"), Some(Better::Higher));
+        assert_eq!(info.better("stored_p50_ms"), Some(Better::Lower));
+        assert_eq!(info.better("no_such_metric"), None);
     }
 }

@@ -4,7 +4,9 @@
 use std::io::{BufRead, BufReader};
 use std::process::Stdio;
 use std::time::{Duration, Instant};
-use workloads::process::{install_cleanup, live_pids, ProcessError, ServerProcess};
+use workloads::process::{
+    install_cleanup, live_pids, ControlledProcess, ProcessError, ServerProcess,
+};
 use workloads::sample::process_state;
 
 /// A server that reports ready, answers every stdin line with a counter, and exits at end of input.
@@ -154,7 +156,7 @@ async fn exit_before_ready_is_a_clear_error() {
         .unwrap_err();
     assert_eq!(
         err.to_string(),
-        "server exited with status 2 before it was ready"
+        "process exited with status 2 before it was ready"
     );
 }
 
@@ -179,6 +181,43 @@ async fn a_bad_first_line_is_an_error() {
         .unwrap_err();
     assert!(matches!(err, ProcessError::BadReady { .. }), "{err}");
     assert!(err.to_string().contains("hello"), "{err}");
+}
+
+#[tokio::test]
+async fn a_child_that_cannot_start_says_why() {
+    let script = r#"echo '{"error":"no credentials for device 7"}'; exit 1"#;
+    let err = ServerProcess::start(sh(script), Duration::from_secs(5))
+        .await
+        .unwrap_err();
+    assert!(matches!(err, ProcessError::StartFailed { .. }), "{err}");
+    assert!(err.to_string().contains("device 7"), "{err}");
+}
+
+#[tokio::test]
+async fn any_ready_type_and_any_command() {
+    #[derive(Debug, serde::Deserialize)]
+    struct Slice {
+        first: u32,
+    }
+    let script = r#"echo '{"ready":{"first":40}}'
+while read line; do echo "{\"asked\":\"$line\"}"; done"#;
+    let mut child = ControlledProcess::<Slice>::start(sh(script), Duration::from_secs(5))
+        .await
+        .unwrap();
+    assert_eq!(child.ready().first, 40);
+    let answer = child
+        .request_within("connect 3", Duration::from_secs(5))
+        .await
+        .unwrap();
+    assert_eq!(answer["asked"], "connect 3");
+    let err = child
+        .request_within("two\nlines", Duration::from_secs(5))
+        .await
+        .unwrap_err();
+    assert!(matches!(err, ProcessError::BadCommand(_)), "{err}");
+    assert!(live_pids().contains(&child.pid()));
+    child.shutdown().await.unwrap();
+    assert!(!live_pids().contains(&child.pid()));
 }
 
 #[tokio::test]

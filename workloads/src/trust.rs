@@ -1,0 +1,125 @@
+//! When a result's numbers cannot be trusted, and why: one rule, shown in the tables (`runner report`) and failed by
+//! `runner check`.
+//!
+//! A result is not to be trusted when the run failed (its error), when it timed out or left orders unanswered, when
+//! fewer orders were acknowledged than made, when the store lost an acknowledged order or applied one twice, when
+//! the load generator was the limit (`generator_bound`, see [`crate::lag`]), when the store synced on a memory
+//! filesystem (a sync there is free and proves nothing, see [`crate::durability`]), or when its durability is not on
+//! record (results of older versions).
+
+use crate::result::RunResult;
+
+/// The flag of a run bound by its load generator.
+pub const GENERATOR_BOUND: &str = "generator-bound";
+
+/// Why `r`'s numbers cannot be trusted; empty when nothing says so. A skipped result has no numbers and no flags.
+pub fn flags(r: &RunResult) -> Vec<String> {
+    let mut out = Vec::new();
+    if r.skipped.is_some() {
+        return out;
+    }
+    if let Some(e) = &r.error {
+        out.push(format!("error: {e}"));
+    }
+    let nonzero = |key: &str| r.metric(key).filter(|&v| v != 0.0);
+    if nonzero("timed_out").is_some() {
+        out.push("timed out".into());
+    }
+    for (key, what) in [
+        ("unanswered", "unanswered"),
+        ("lost", "lost"),
+        ("duplicates", "applied twice"),
+        ("acked_not_applied", "acknowledged, not in the log"),
+        ("errors", "errors"),
+        ("undelivered", "undelivered"),
+    ] {
+        if let Some(v) = nonzero(key) {
+            out.push(format!("{v} {what}"));
+        }
+    }
+    if let (Some(made), Some(acked)) = (r.metric("orders_made"), r.metric("orders_acked")) {
+        if made != acked {
+            out.push(format!("{acked} of {made} orders acknowledged"));
+        }
+    }
+    if nonzero("generator_bound").is_some() {
+        out.push(GENERATOR_BOUND.into());
+    }
+    match &r.durability {
+        Some(d) if d.volatile_sync() => {
+            out.push(format!("sync {} on {}: not durability", d.sync, d.store_fs))
+        }
+        Some(_) => {}
+        // A failed run says why already; any other run reads its server's store statistics at the end.
+        None if r.error.is_none() => out.push("durability not on record".into()),
+        None => {}
+    }
+    out
+}
+
+/// Whether nothing says `r`'s numbers cannot be trusted.
+pub fn trusted(r: &RunResult) -> bool {
+    flags(r).is_empty()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::durability::Durability;
+
+    fn result(metrics: &[(&str, f64)]) -> RunResult {
+        let durability = Some(Durability {
+            sync: "batch".into(),
+            store_fs: "ext4".into(),
+            ..Durability::default()
+        });
+        RunResult {
+            schema: crate::result::SCHEMA,
+            workload: "drain".into(),
+            transport: "pure".into(),
+            round: 0,
+            params: serde_json::json!({}),
+            metrics: metrics
+                .iter()
+                .map(|(k, v)| (k.to_string(), (*v).into()))
+                .collect(),
+            histograms: Default::default(),
+            provenance: Default::default(),
+            skipped: None,
+            durability,
+            error: None,
+        }
+    }
+
+    #[test]
+    fn each_reason_is_named() {
+        assert!(trusted(&result(&[("lost", 0.0), ("generator_bound", 0.0)])));
+        let bad = result(&[
+            ("timed_out", 1.0),
+            ("unanswered", 3.0),
+            ("orders_made", 10.0),
+            ("orders_acked", 7.0),
+            ("generator_bound", 1.0),
+        ]);
+        let f = flags(&bad).join("; ");
+        for want in ["timed out", "3 unanswered", "7 of 10", "generator-bound"] {
+            assert!(f.contains(want), "{f}");
+        }
+        let mut tmpfs = result(&[]);
+        tmpfs.durability = Some(Durability {
+            sync: "batch".into(),
+            store_fs: "tmpfs".into(),
+            ..Durability::default()
+        });
+        assert!(flags(&tmpfs)[0].contains("tmpfs"));
+        tmpfs.durability.as_mut().unwrap().sync = "none".into();
+        assert!(trusted(&tmpfs), "no sync asked, none promised");
+        tmpfs.durability = None;
+        assert_eq!(flags(&tmpfs), vec!["durability not on record".to_string()]);
+        let mut failed = result(&[]);
+        failed.error = Some("server statistics: missing field".into());
+        assert!(flags(&failed)[0].starts_with("error: "));
+        failed.skipped = Some("n/a".into());
+        assert!(trusted(&failed));
+    }
+}
