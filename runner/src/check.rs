@@ -2,14 +2,24 @@
 //!
 //! Checks never compare absolute times (machines here are shared and noisy). They are:
 //!
-//! - **hard invariants** of every run: nothing lost, nothing applied twice, every acknowledged order in the log, no
-//!   run that timed out; and the design's promises: `pure` does no asymmetric operation after a restart (the memo);
-//! - **ratios measured in the same run**: for each workload, each transport's primary metric over the first
-//!   transport's in the same round (e.g. `pure:hpke-session` drain rate / `pure:plain` drain rate), median over
-//!   rounds, compared with the same ratio in a baseline file: a ratio worse than the baseline's by more than the
-//!   tolerance fails.
+//! - **every run's numbers can be trusted** ([`workloads::trust`]): no run that failed, timed out, left an order
+//!   unanswered, acknowledged fewer orders than it made, lost an acknowledged order, applied one twice, was bound by
+//!   its load generator, or synced its store on a memory filesystem; and the design's promises: `pure` does no
+//!   asymmetric operation after a restart (the memo); no errors (handshake-rate's failed handshakes, unclosed links;
+//!   idle-links' links that failed or were lost); publish/subscribe runs account for every expected delivery
+//!   (`expected = delivered + dropped + undelivered`, `undelivered = 0`, no duplicate delivery);
+//! - **ratios measured side by side**: for each workload and case, each transport's primary metric over the first
+//!   transport's in the same round of the same invocation (e.g. `pure:hpke-session` drain rate / `pure:plain`
+//!   drain rate), median over rounds, compared with the same ratio in a baseline file: a ratio worse than the
+//!   baseline's by more than the tolerance fails. Runs of different invocations are never divided by each other; a
+//!   baseline holding several invocations is compared like with like (same workload, parameters and pair; the
+//!   median over its invocations where more than one has the pair). Runs whose numbers cannot be trusted take no
+//!   part in ratios.
+//! - **hostile runs** ([`crate::hostile::checks`]): the server answered at the end, nothing applied that no one
+//!   known made, nothing applied in another device's name where records are authenticated;
 //!
-//! `compare` prints the medians of the primary metrics of two files side by side, with the change.
+//! `runner compare` (`compare.rs`) tells what changed between two files, with confidence intervals over rounds, for
+//! the metrics and for these same-run ratios.
 
 use std::collections::BTreeMap;
 use tabled::builder::Builder;
@@ -26,7 +36,7 @@ fn primary(workload: &str) -> Option<(&'static str, bool)> {
 }
 
 /// The case a result belongs to (its workload's case keys and their values), empty for a single-case workload.
-fn case(r: &RunResult) -> String {
+pub fn case(r: &RunResult) -> String {
     let keys = workloads::by_name(&r.workload)
         .map(|w| w.info().case_keys)
         .unwrap_or(&[]);
@@ -49,22 +59,42 @@ pub struct Check {
     pub ok: bool,
 }
 
-/// The hard invariants of every run.
+/// The invariants of every run: its numbers can be trusted, and the design's promises hold.
+#[cfg(test)]
 pub fn invariants(results: &[RunResult]) -> Vec<Check> {
+    invariants_with(results, false)
+}
+
+/// [`invariants`], where `allow_generator_bound` passes a run whose only doubt is a busy load generator (a smoke
+/// run on a small shared machine, whose timing is not the point); the check still names it.
+pub fn invariants_with(results: &[RunResult], allow_generator_bound: bool) -> Vec<Check> {
     let mut out = Vec::new();
     for r in results.iter().filter(|r| r.skipped.is_none()) {
-        let name = format!("{} {} round {}", r.workload, r.transport, r.round);
-        for key in ["lost", "duplicates", "acked_not_applied", "timed_out"] {
-            if let Some(v) = r.metric(key) {
-                out.push(Check {
-                    what: format!("{name}: {key}"),
-                    found: fmt(v),
-                    expected: "0".into(),
-                    ok: v == 0.0,
-                });
-            }
-        }
-        if r.workload == "restart" && r.transport == "pure" {
+        let name = format!(
+            "{} {} round {}",
+            r.workload,
+            crate::hostile::label(r),
+            r.round
+        );
+        let flags = workloads::trust::flags(r);
+        let failing = flags
+            .iter()
+            .filter(|f| !(allow_generator_bound && f.as_str() == workloads::trust::GENERATOR_BOUND))
+            .count();
+        out.push(Check {
+            what: format!("{name}: numbers to be trusted"),
+            found: match (flags.is_empty(), failing) {
+                (true, _) => "yes".into(),
+                (false, 0) => format!("{} (allowed)", flags.join("; ")),
+                (false, _) => flags.join("; "),
+            },
+            expected: "no error, nothing unanswered, lost or twice, not generator-bound, durable"
+                .into(),
+            ok: failing == 0,
+        });
+        out.extend(deliveries_accounted(&name, r));
+        let memo = transport_pure::variant(&r.transport).is_some_and(|p| p.memo());
+        if r.workload == "restart" && memo && r.error.is_none() {
             let v = r.metric("asym_ops_after").unwrap_or(f64::NAN);
             out.push(Check {
                 what: format!("{name}: asymmetric operations after the restart (memo)"),
@@ -74,103 +104,188 @@ pub fn invariants(results: &[RunResult]) -> Vec<Check> {
             });
         }
     }
+    out.extend(crate::hostile::checks(results));
     out
 }
 
-/// Per (workload, transport): the median over rounds of the transport's primary metric divided by the first
-/// transport's in the same round and workload setting.
-pub fn ratios(results: &[RunResult]) -> BTreeMap<(String, String), f64> {
-    // Group by (workload, setting, round): the runs that were measured side by side.
-    let mut groups: BTreeMap<(String, String, u32), Vec<&RunResult>> = BTreeMap::new();
-    for r in results.iter().filter(|r| r.skipped.is_none()) {
-        groups
-            .entry((r.workload.clone(), case(r), r.round))
-            .or_default()
-            .push(r);
+/// A publish/subscribe run's accounting (docs/workloads.md): every expected delivery was delivered, or counted as
+/// dropped by the server, or is undelivered (and [`workloads::trust`] fails a run with anything undelivered). Runs
+/// without the four metrics have none.
+fn deliveries_accounted(name: &str, r: &RunResult) -> Vec<Check> {
+    let [Some(expected), Some(delivered), Some(dropped), Some(undelivered)] =
+        ["expected", "delivered", "dropped", "undelivered"].map(|k| r.metric(k))
+    else {
+        return Vec::new();
+    };
+    vec![Check {
+        what: format!("{name}: expected = delivered + dropped + undelivered"),
+        found: format!(
+            "{} = {} + {} + {}",
+            fmt(expected),
+            fmt(delivered),
+            fmt(dropped),
+            fmt(undelivered)
+        ),
+        expected: "equal".into(),
+        ok: expected == delivered + dropped + undelivered,
+    }]
+}
+
+/// The key of a ratio: the workload with its case label, and the pair (`transport / reference`).
+pub type RatioKey = (String, String);
+
+/// The ratios of one invocation: per (workload and case, pair), the median over rounds of the transport's primary
+/// metric divided by the reference's in the same round, and the parameters they were measured with.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Ratio {
+    /// The median ratio.
+    pub value: f64,
+    /// The parameters of the case, so that only like is compared with like.
+    pub params: serde_json::Value,
+}
+
+/// Results grouped by invocation id, in the order invocations first appear.
+pub fn by_invocation(results: &[RunResult]) -> Vec<(String, Vec<&RunResult>)> {
+    let mut groups: Vec<(String, Vec<&RunResult>)> = Vec::new();
+    for r in results {
+        let id = &r.provenance.invocation;
+        match groups.iter_mut().find(|(i, _)| i == id) {
+            Some((_, rs)) => rs.push(r),
+            None => groups.push((id.clone(), vec![r])),
+        }
     }
-    let mut per: BTreeMap<(String, String), Vec<f64>> = BTreeMap::new();
-    for ((workload, setting, _), runs) in groups {
+    groups
+}
+
+/// The ratios of each invocation, separately.
+pub fn ratios(results: &[RunResult]) -> Vec<(String, BTreeMap<RatioKey, Ratio>)> {
+    by_invocation(results)
+        .into_iter()
+        .map(|(id, rs)| (id, invocation_ratios(&rs)))
+        .collect()
+}
+
+/// The reference of a workload and case in one invocation: the transport that appears first.
+fn reference<'a>(runs: &[&'a RunResult]) -> Option<&'a str> {
+    runs.first().map(|r| r.transport.as_str())
+}
+
+/// The label of a case in ratio keys: the workload, and its case keys when it has any.
+fn label(r: &RunResult) -> String {
+    match case(r) {
+        c if c.is_empty() => r.workload.clone(),
+        c => format!("{} @{c}", r.workload),
+    }
+}
+
+/// Ratios within one invocation's results.
+fn invocation_ratios(results: &[&RunResult]) -> BTreeMap<RatioKey, Ratio> {
+    // The runs of each case, in the order they appear (the reference is the first transport of its case).
+    let mut cases: Vec<(String, &serde_json::Value, Vec<&RunResult>)> = Vec::new();
+    for r in results.iter().copied() {
+        if r.skipped.is_some() || !workloads::trust::trusted(r) {
+            continue;
+        }
+        match cases
+            .iter_mut()
+            .find(|(w, p, _)| *w == r.workload && **p == r.params)
+        {
+            Some((_, _, rs)) => rs.push(r),
+            None => cases.push((r.workload.clone(), &r.params, vec![r])),
+        }
+    }
+    let mut per: BTreeMap<RatioKey, (Vec<f64>, serde_json::Value)> = BTreeMap::new();
+    for (workload, params, runs) in cases {
         let Some((metric, _)) = primary(&workload) else {
             continue;
         };
-        // The reference is the first transport as given on the command line (results keep that order per round
-        // only after rotation, so pick by the order of first appearance in the whole file).
-        let order: Vec<&str> = {
-            let mut seen = Vec::new();
-            for r in results.iter().filter(|r| r.workload == workload) {
-                if !seen.contains(&r.transport.as_str()) {
-                    seen.push(r.transport.as_str());
+        let Some(reference) = reference(&runs) else {
+            continue;
+        };
+        let mut rounds: Vec<u32> = runs.iter().map(|r| r.round).collect();
+        rounds.sort_unstable();
+        rounds.dedup();
+        for round in rounds {
+            let at: Vec<&RunResult> = runs.iter().copied().filter(|r| r.round == round).collect();
+            let Some(base) = at
+                .iter()
+                .find(|r| r.transport == reference)
+                .and_then(|r| r.metric(metric))
+                .filter(|&b| b != 0.0)
+            else {
+                continue;
+            };
+            for r in &at {
+                if let Some(v) = r.metric(metric) {
+                    per.entry((label(r), format!("{} / {reference}", r.transport)))
+                        .or_insert_with(|| (Vec::new(), params.clone()))
+                        .0
+                        .push(v / base);
                 }
-            }
-            seen
-        };
-        let Some(reference) = order.first() else {
-            continue;
-        };
-        let Some(base) = runs
-            .iter()
-            .find(|r| r.transport == *reference)
-            .and_then(|r| r.metric(metric))
-        else {
-            continue;
-        };
-        if base == 0.0 {
-            continue;
-        }
-        for r in &runs {
-            if let Some(v) = r.metric(metric) {
-                let key = if setting.is_empty() {
-                    workload.clone()
-                } else {
-                    format!("{workload} @{setting}")
-                };
-                per.entry((key, format!("{} / {reference}", r.transport)))
-                    .or_default()
-                    .push(v / base);
             }
         }
     }
     per.into_iter()
-        .filter_map(|(k, v)| crate::report::median(&v).map(|m| (k, m)))
+        .filter_map(|(k, (v, params))| {
+            crate::report::median(&v).map(|value| (k, Ratio { value, params }))
+        })
         .collect()
 }
 
-/// Compare the ratios of `current` with those of `baseline`.
+/// Compare the ratios of each invocation of `current` with the same ratios (same workload, parameters and pair)
+/// of `baseline`.
 pub fn against_baseline(
     current: &[RunResult],
     baseline: &[RunResult],
     tolerance: f64,
 ) -> Vec<Check> {
-    let now = ratios(current);
     let base = ratios(baseline);
     let mut out = Vec::new();
-    for ((workload, pair), value) in &now {
-        let Some(expected) = base.get(&(workload.clone(), pair.clone())) else {
-            continue;
-        };
-        let name = workload.split(' ').next().unwrap_or(workload);
-        let higher_better = primary(name).is_some_and(|(_, h)| h);
-        let ok = if higher_better {
-            *value >= expected * (1.0 - tolerance)
-        } else {
-            *value <= expected * (1.0 + tolerance)
-        };
-        out.push(Check {
-            what: format!("{workload}: {pair}"),
-            found: format!("{value:.3}"),
-            expected: format!(
-                "{} {:.3} (baseline {expected:.3})",
-                if higher_better { ">=" } else { "<=" },
-                if higher_better {
-                    expected * (1.0 - tolerance)
-                } else {
-                    expected * (1.0 + tolerance)
-                }
-            ),
-            ok,
-        });
+    for (invocation, now) in ratios(current) {
+        for (key, ratio) in &now {
+            let like: Vec<f64> = base
+                .iter()
+                .filter_map(|(_, b)| b.get(key))
+                .filter(|b| b.params == ratio.params)
+                .map(|b| b.value)
+                .collect();
+            let Some(expected) = crate::report::median(&like) else {
+                continue;
+            };
+            let (workload, pair) = key;
+            let name = workload.split(' ').next().unwrap_or(workload);
+            let higher_better = primary(name).is_some_and(|(_, h)| h);
+            let bound = if higher_better {
+                expected * (1.0 - tolerance)
+            } else {
+                expected * (1.0 + tolerance)
+            };
+            let ok = if higher_better {
+                ratio.value >= bound
+            } else {
+                ratio.value <= bound
+            };
+            out.push(Check {
+                what: format!("{workload}: {pair} (invocation {})", short(&invocation)),
+                found: format!("{:.3}", ratio.value),
+                expected: format!(
+                    "{} {bound:.3} (baseline {expected:.3}, {} invocation(s))",
+                    if higher_better { ">=" } else { "<=" },
+                    like.len()
+                ),
+                ok,
+            });
+        }
     }
     out
+}
+
+fn short(invocation: &str) -> &str {
+    if invocation.is_empty() {
+        "unknown"
+    } else {
+        &invocation[..invocation.len().min(8)]
+    }
 }
 
 /// Render checks as a Markdown table.
@@ -190,53 +305,19 @@ pub fn render(checks: &[Check]) -> String {
     t.to_string()
 }
 
-/// The medians of the primary metrics of two files, side by side.
-pub fn compare(a: &[RunResult], b: &[RunResult]) -> String {
-    let medians = |rs: &[RunResult]| -> BTreeMap<(String, String), f64> {
-        let mut per: BTreeMap<(String, String), Vec<f64>> = BTreeMap::new();
-        for r in rs.iter().filter(|r| r.skipped.is_none()) {
-            if let Some((metric, _)) = primary(&r.workload) {
-                if let Some(v) = r.metric(metric) {
-                    let setting = match case(r) {
-                        c if c.is_empty() => c,
-                        c => format!(" @{c}"),
-                    };
-                    per.entry((
-                        format!("{}{setting}: {metric}", r.workload),
-                        r.transport.clone(),
-                    ))
-                    .or_default()
-                    .push(v);
-                }
-            }
-        }
-        per.into_iter()
-            .filter_map(|(k, v)| crate::report::median(&v).map(|m| (k, m)))
-            .collect()
-    };
-    let (ma, mb) = (medians(a), medians(b));
-    let mut t = Builder::default();
-    t.push_record(["metric", "transport", "A (median)", "B (median)", "change"]);
-    for ((metric, transport), va) in &ma {
-        let Some(vb) = mb.get(&(metric.clone(), transport.clone())) else {
+/// Why a run's numbers cannot be trusted, or what it broke: [`workloads::trust`]'s reasons and the run's other
+/// failed invariants (the memo, deliveries accounted for, the hostile checks). Empty when nothing says so. The report
+/// marks such runs; compare and export leave them out.
+pub fn distrust(r: &RunResult) -> Vec<String> {
+    let mut out = workloads::trust::flags(r);
+    for c in invariants_with(std::slice::from_ref(r), false) {
+        if c.ok || c.what.ends_with(": numbers to be trusted") {
             continue;
-        };
-        let change = if *va != 0.0 {
-            format!("{:+.1}%", (vb - va) / va * 100.0)
-        } else {
-            "-".into()
-        };
-        t.push_record([
-            metric.clone(),
-            transport.clone(),
-            fmt(*va),
-            fmt(*vb),
-            change,
-        ]);
+        }
+        let what = c.what.split_once(": ").map_or(c.what.as_str(), |(_, w)| w);
+        out.push(format!("{what}: {}", c.found));
     }
-    let mut t = t.build();
-    t.with(Style::markdown());
-    t.to_string()
+    out
 }
 
 fn fmt(v: f64) -> String {
@@ -252,7 +333,7 @@ mod tests {
     use super::*;
     use workloads::result::{Provenance, SCHEMA};
 
-    fn run(transport: &str, round: u32, rate: f64, lost: f64) -> RunResult {
+    fn run(invocation: &str, transport: &str, round: u32, rate: f64, lost: f64) -> RunResult {
         RunResult {
             schema: SCHEMA,
             workload: "drain".into(),
@@ -266,34 +347,147 @@ mod tests {
             .into_iter()
             .collect(),
             histograms: Default::default(),
-            provenance: Provenance::default(),
+            provenance: Provenance {
+                invocation: invocation.into(),
+                ..Provenance::default()
+            },
             skipped: None,
+            durability: Some(workloads::durability::Durability {
+                sync: "batch".into(),
+                store_fs: "ext4".into(),
+                ..Default::default()
+            }),
+            error: None,
         }
     }
 
+    fn failures(checks: &[Check]) -> usize {
+        checks.iter().filter(|c| !c.ok).count()
+    }
+
     #[test]
-    fn invariants_catch_a_lost_order() {
-        let checks = invariants(&[run("a", 0, 10.0, 0.0), run("b", 0, 10.0, 3.0)]);
-        assert_eq!(checks.iter().filter(|c| !c.ok).count(), 1);
+    fn invariants_catch_a_lost_order_an_error_and_a_generator_bound_run() {
+        let mut rs = vec![run("i", "a", 0, 10.0, 0.0), run("i", "b", 0, 10.0, 3.0)];
+        assert_eq!(failures(&invariants(&rs)), 1);
+        let mut failed = run("i", "c", 0, 10.0, 0.0);
+        failed.error = Some("server statistics: missing field `counters`".into());
+        rs.push(failed);
+        let mut bound = run("i", "d", 0, 10.0, 0.0);
+        bound.metrics.insert("generator_bound".into(), 1.into());
+        rs.push(bound);
+        let checks = invariants(&rs);
+        assert_eq!(failures(&checks), 3);
+        assert!(checks.iter().any(|c| c.found.contains("missing field")));
+        // Allowed, a generator-bound run passes and is still named; the other two still fail.
+        let checks = invariants_with(&rs, true);
+        assert_eq!(failures(&checks), 2);
+        assert!(checks
+            .iter()
+            .any(|c| c.ok && c.found == "generator-bound (allowed)"));
+    }
+
+    #[test]
+    fn invariants_catch_errors() {
+        let mut r = run("i", "a", 0, 10.0, 0.0);
+        r.metrics.insert("errors".into(), 0.into());
+        assert!(invariants(std::slice::from_ref(&r)).iter().all(|c| c.ok));
+        r.metrics.insert("errors".into(), 2.into());
+        let failed: Vec<_> = invariants(&[r]).into_iter().filter(|c| !c.ok).collect();
+        assert_eq!(failed.len(), 1);
+        assert!(failed[0].found.contains("2 errors"), "{}", failed[0].found);
+    }
+
+    #[test]
+    fn a_delivery_missing_without_a_count_fails() {
+        let pubsub = |expected: f64, delivered: f64, dropped: f64, undelivered: f64| {
+            let mut r = run("i", "quinn", 0, 1.0, 0.0);
+            r.workload = "fanout".into();
+            r.metrics.remove("lost");
+            for (k, v) in [
+                ("expected", expected),
+                ("delivered", delivered),
+                ("dropped", dropped),
+                ("undelivered", undelivered),
+                ("duplicates", 0.0),
+            ] {
+                r.metrics.insert(k.into(), v.into());
+            }
+            invariants(&[r])
+        };
+        let failed = |checks: Vec<Check>| checks.iter().filter(|c| !c.ok).count();
+        assert_eq!(failed(pubsub(100.0, 90.0, 10.0, 0.0)), 0);
+        // Something missing without a count.
+        assert_eq!(failed(pubsub(100.0, 90.0, 5.0, 5.0)), 1);
+        // The server counted more than it failed to deliver.
+        assert_eq!(failed(pubsub(100.0, 95.0, 10.0, 0.0)), 1);
+        // A run without the accounting is not checked for it.
+        assert!(invariants(&[run("i", "a", 0, 1.0, 0.0)])
+            .iter()
+            .all(|c| c.ok));
     }
 
     #[test]
     fn ratios_are_per_round_against_the_first_transport() {
         let rs = [
-            run("plain", 0, 100.0, 0.0),
-            run("sealed", 0, 90.0, 0.0),
-            run("sealed", 1, 50.0, 0.0),
-            run("plain", 1, 50.0, 0.0),
+            run("x", "plain", 0, 100.0, 0.0),
+            run("x", "sealed", 0, 90.0, 0.0),
+            run("x", "sealed", 1, 50.0, 0.0),
+            run("x", "plain", 1, 50.0, 0.0),
         ];
         let r = ratios(&rs);
+        assert_eq!(r.len(), 1);
         assert_eq!(
-            r[&("drain".to_string(), "sealed / plain".to_string())],
+            r[0].1[&("drain".to_string(), "sealed / plain".to_string())].value,
             0.95
         );
-        let base = [run("plain", 0, 10.0, 0.0), run("sealed", 0, 10.0, 0.0)];
+        let base = [
+            run("y", "plain", 0, 10.0, 0.0),
+            run("y", "sealed", 0, 10.0, 0.0),
+        ];
         let checks = against_baseline(&rs, &base, 0.02);
         let c = checks.iter().find(|c| c.what.contains("sealed")).unwrap();
         assert!(!c.ok, "0.95 is worse than 1.0 by more than 2%");
         assert!(against_baseline(&rs, &base, 0.10).iter().all(|c| c.ok));
+    }
+
+    #[test]
+    fn ratios_never_cross_invocations() {
+        // The reference ran in one invocation, the other transport in another: no ratio at all.
+        let rs = [
+            run("x", "plain", 0, 100.0, 0.0),
+            run("y", "sealed", 0, 50.0, 0.0),
+        ];
+        assert!(
+            ratios(&rs).iter().all(|(_, r)| r.len() == 1),
+            "only x/x and y/y"
+        );
+        // Two invocations, each with its own reference: each ratio is its own.
+        let rs = [
+            run("x", "plain", 0, 100.0, 0.0),
+            run("x", "sealed", 0, 50.0, 0.0),
+            run("y", "plain", 0, 10.0, 0.0),
+            run("y", "sealed", 0, 9.0, 0.0),
+        ];
+        let key = ("drain".to_string(), "sealed / plain".to_string());
+        let values: Vec<f64> = ratios(&rs).iter().map(|(_, r)| r[&key].value).collect();
+        assert_eq!(values, vec![0.5, 0.9]);
+        // Different parameters are not like with like.
+        let mut other = [
+            run("z", "plain", 0, 10.0, 0.0),
+            run("z", "sealed", 0, 1.0, 0.0),
+        ];
+        for r in &mut other {
+            r.params = serde_json::json!({"orders": 5});
+        }
+        assert!(against_baseline(&rs, &other, 0.1).is_empty());
+    }
+
+    #[test]
+    fn untrusted_runs_take_no_part_in_ratios() {
+        let mut sealed = run("x", "sealed", 0, 50.0, 0.0);
+        sealed.metrics.insert("timed_out".into(), 1.into());
+        let rs = [run("x", "plain", 0, 100.0, 0.0), sealed];
+        let key = ("drain".to_string(), "sealed / plain".to_string());
+        assert!(!ratios(&rs)[0].1.contains_key(&key));
     }
 }

@@ -1,20 +1,29 @@
 //! `runner`: benchmark network transports side by side.
 //!
 //! `runner --transport pure,quinn --workload restart` runs workloads (the default subcommand); `runner serve` runs
-//! the server side of one transport (the runner starts it as a child process); `runner report` renders tables from
-//! results files; `runner list` names the transports and workloads.
+//! the server side of one transport (the runner starts it as a child process); `runner worker` runs a slice of a
+//! load generator (likewise); `runner report` renders tables, charts and a self-contained HTML page from results
+//! files; `runner compare` tells what changed between two of them; `runner export` writes them for benchmark
+//! dashboards; `runner list` names the transports and workloads; `runner adversary` is the hostile peer
+//! `runner run --hostile` starts beside every run.
 
+mod adversary;
 mod chart;
 mod check;
+mod compare;
+mod export;
+mod hostile;
+mod progress;
 mod provenance;
 mod registry;
 mod report;
 mod run;
 mod serve;
+mod worker;
 
-use anyhow::Result;
+use anyhow::{Context, Result};
 use clap::{Parser, Subcommand};
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::process::ExitCode;
 
 #[derive(Debug, Parser)]
@@ -37,12 +46,22 @@ enum Command {
     Run(run::RunArgs),
     /// Run the server side of one transport until killed.
     Serve(serve::ServeArgs),
-    /// Render the tables of results files.
+    /// Run a slice of a load generator's devices, controlled over stdin (the runner starts it as a child process).
+    Worker(worker::WorkerArgs),
+    /// Attack one server until the input ends (started by `run --hostile`).
+    Adversary(adversary::AdversaryArgs),
+    /// Render the tables of results files (Markdown on stdout), their charts, or one self-contained HTML page.
     Report {
         /// JSON Lines results files.
         #[arg(required = true)]
         files: Vec<PathBuf>,
-        /// Also write charts (SVG) into this directory: the restart timeline.
+        /// Write one self-contained HTML page (tables, charts, checks, provenance) to this file.
+        #[arg(long, value_name = "FILE")]
+        html: Option<PathBuf>,
+        /// Write the Markdown tables to this file instead of stdout.
+        #[arg(long, value_name = "FILE")]
+        markdown: Option<PathBuf>,
+        /// Also write every chart as an SVG file into this directory.
         #[arg(long, value_name = "DIR")]
         svg: Option<PathBuf>,
     },
@@ -57,13 +76,34 @@ enum Command {
         /// How much worse than the baseline's a ratio may be (0.25 = 25%).
         #[arg(long, default_value_t = 0.25)]
         tolerance: f64,
+        /// Pass runs whose only doubt is a busy load generator, still naming them (smoke runs on a small shared
+        /// machine, where the timing is not what is checked).
+        #[arg(long)]
+        allow_generator_bound: bool,
     },
-    /// Compare the medians of two results files.
+    /// What changed from results A to results B: per case, transport and metric, the change with a confidence
+    /// interval over rounds, "no change" when it spans zero.
     Compare {
         /// The earlier results.
         a: PathBuf,
         /// The later results.
         b: PathBuf,
+        /// The confidence of the intervals (few rounds allow less; the table says what each has).
+        #[arg(long, default_value_t = 0.95)]
+        confidence: f64,
+    },
+    /// Write results in a benchmark dashboard's format (JSON on stdout or into a file).
+    Export {
+        /// github-bigger / github-smaller: github-action-benchmark's customBiggerIsBetter / customSmallerIsBetter;
+        /// bencher: Bencher Metric Format.
+        #[arg(long, value_enum)]
+        format: export::ExportFormat,
+        /// JSON Lines results files.
+        #[arg(required = true)]
+        files: Vec<PathBuf>,
+        /// Write to this file instead of stdout.
+        #[arg(long, value_name = "FILE")]
+        out: Option<PathBuf>,
     },
     /// List the transports and workloads.
     List,
@@ -89,13 +129,39 @@ fn main() -> ExitCode {
     };
     match cli.command {
         Some(Command::Serve(args)) => finish(serve::run(args)),
-        Some(Command::Report { files, svg }) => finish(report_files(&files, svg.as_deref())),
+        Some(Command::Worker(args)) => finish(worker::run(args)),
+        Some(Command::Adversary(args)) => finish(adversary::run(args)),
+        Some(Command::Report {
+            files,
+            html,
+            markdown,
+            svg,
+        }) => finish(report_files(
+            &files,
+            html.as_deref(),
+            markdown.as_deref(),
+            svg.as_deref(),
+        )),
         Some(Command::Check {
             files,
             baseline,
             tolerance,
-        }) => finish_check(&files, baseline.as_deref(), tolerance),
-        Some(Command::Compare { a, b }) => finish(compare_files(&a, &b)),
+            allow_generator_bound,
+        }) => finish_check(
+            &files,
+            baseline.as_deref(),
+            tolerance,
+            allow_generator_bound,
+        ),
+        Some(Command::Compare { a, b, confidence }) => {
+            if !(0.5..1.0).contains(&confidence) {
+                return usage("--confidence must be at least 0.5 and below 1");
+            }
+            finish(compare_files(&a, &b, confidence))
+        }
+        Some(Command::Export { format, files, out }) => {
+            finish(export_files(&files, format, out.as_deref()))
+        }
         Some(Command::List) => {
             list();
             ExitCode::SUCCESS
@@ -118,6 +184,11 @@ fn start_run(args: run::RunArgs) -> ExitCode {
         Ok(p) => p,
         Err(e) => return usage(&e),
     };
+    // Pin before any thread starts, so every thread of the load generator inherits its CPUs.
+    let pinning = match pin(&args.pin) {
+        Ok(p) => p,
+        Err(e) => return finish(Err(e)),
+    };
     workloads::process::install_cleanup();
     let runtime = match tokio::runtime::Builder::new_multi_thread()
         .enable_all()
@@ -126,9 +197,26 @@ fn start_run(args: run::RunArgs) -> ExitCode {
         Ok(r) => r,
         Err(e) => return finish(Err(e.into())),
     };
-    let r = runtime.block_on(run::run(args, transports, plan));
+    // The runs go on a worker thread, beside the links' tasks: the main thread would wake and be woken for every
+    // batch of answers, a context switch each that the load generator's one CPU pays for.
+    let r = runtime.block_on(async {
+        tokio::spawn(run::run(args, transports, plan, pinning))
+            .await
+            .unwrap_or_else(|e| Err(anyhow::anyhow!("the run task failed: {e}")))
+    });
     drop(runtime);
     finish(r)
+}
+
+/// Place this process (the load generator) on the CPUs the plan gives it; the servers are pinned as they start.
+fn pin(setting: &str) -> Result<workloads::pin::Pinning> {
+    let plan =
+        workloads::pin::plan(setting == "on").context("reading the CPUs this process may use")?;
+    if plan.separate() {
+        workloads::pin::pin_this_process(&plan.generator_cpus)
+            .context("pinning the load generator")?;
+    }
+    Ok(plan)
 }
 
 fn usage(message: &str) -> ExitCode {
@@ -146,17 +234,42 @@ fn finish(r: Result<()>) -> ExitCode {
     }
 }
 
-fn report_files(files: &[PathBuf], svg: Option<&std::path::Path>) -> Result<()> {
+fn report_files(
+    files: &[PathBuf],
+    html: Option<&Path>,
+    markdown: Option<&Path>,
+    svg: Option<&Path>,
+) -> Result<()> {
     let all = read_all(files)?;
-    print!("{}", report::render(&all));
+    let tables = report::render(&all);
+    match markdown {
+        Some(path) => write_file(path, tables.as_bytes())?,
+        None if html.is_none() => print!("{tables}"),
+        None => {}
+    }
+    if let Some(path) = html {
+        let sources: Vec<String> = files.iter().map(|f| f.display().to_string()).collect();
+        write_file(path, report::html::render(&all, &sources)?.as_bytes())?;
+    }
     if let Some(dir) = svg {
-        std::fs::create_dir_all(dir)?;
-        if let Some(chart) = chart::restart_timeline(&all) {
-            let path = dir.join("restart-timeline.svg");
-            std::fs::write(&path, chart)?;
-            eprintln!("wrote {}", path.display());
+        std::fs::create_dir_all(dir).with_context(|| format!("creating {}", dir.display()))?;
+        for chart in chart::all(&all)? {
+            write_file(
+                &dir.join(format!("{}.svg", chart.name)),
+                chart.svg.as_bytes(),
+            )?;
         }
     }
+    Ok(())
+}
+
+/// Write a file (its directory created), and say so on stderr.
+fn write_file(path: &Path, bytes: &[u8]) -> Result<()> {
+    if let Some(dir) = path.parent().filter(|d| !d.as_os_str().is_empty()) {
+        std::fs::create_dir_all(dir).with_context(|| format!("creating {}", dir.display()))?;
+    }
+    std::fs::write(path, bytes).with_context(|| format!("writing {}", path.display()))?;
+    eprintln!("wrote {}", path.display());
     Ok(())
 }
 
@@ -168,13 +281,18 @@ fn read_all(files: &[PathBuf]) -> Result<Vec<workloads::result::RunResult>> {
     Ok(all)
 }
 
-fn finish_check(files: &[PathBuf], baseline: Option<&std::path::Path>, tolerance: f64) -> ExitCode {
+fn finish_check(
+    files: &[PathBuf],
+    baseline: Option<&Path>,
+    tolerance: f64,
+    allow_generator_bound: bool,
+) -> ExitCode {
     if !(0.0..=10.0).contains(&tolerance) {
         return usage("--tolerance must be between 0 and 10");
     }
     let run = || -> Result<bool> {
         let current = read_all(files)?;
-        let mut checks = check::invariants(&current);
+        let mut checks = check::invariants_with(&current, allow_generator_bound);
         if let Some(b) = baseline {
             let base = workloads::result::read(b)?;
             checks.extend(check::against_baseline(&current, &base, tolerance));
@@ -194,10 +312,28 @@ fn finish_check(files: &[PathBuf], baseline: Option<&std::path::Path>, tolerance
     }
 }
 
-fn compare_files(a: &std::path::Path, b: &std::path::Path) -> Result<()> {
+fn compare_files(a: &Path, b: &Path, confidence: f64) -> Result<()> {
     let (ra, rb) = (workloads::result::read(a)?, workloads::result::read(b)?);
-    println!("{}", check::compare(&ra, &rb));
+    let (rows, notes) = compare::compare(&ra, &rb, confidence);
+    if rows.is_empty() {
+        anyhow::bail!(
+            "nothing to compare: no workload case with the same parameters and transport in both files"
+        );
+    }
+    print!("{}", compare::render(&rows, &notes, confidence));
     Ok(())
+}
+
+fn export_files(files: &[PathBuf], format: export::ExportFormat, out: Option<&Path>) -> Result<()> {
+    let points = export::points(&read_all(files)?)?;
+    let json = serde_json::to_string_pretty(&export::render(&points, format))? + "\n";
+    match out {
+        Some(path) => write_file(path, json.as_bytes()),
+        None => {
+            print!("{json}");
+            Ok(())
+        }
+    }
 }
 
 fn list() {

@@ -1,11 +1,16 @@
-//! Where the numbers come from: commit, compiler, CPU, cores, kernel, date.
+//! Where the numbers come from: the build (commit, dirty flag, profile and compiler, embedded by `build.rs` when the
+//! runner was built, so they cannot drift from the code that measured), the machine (CPU, cores, kernel), the date,
+//! the pinning, the priority and load average it ran at, and a random id shared by every result of one invocation.
 
+use workloads::pin::Pinning;
 use workloads::result::Provenance;
 
 /// Read the machine and the build.
-pub fn collect(profile: &str) -> Provenance {
+pub fn collect(profile: &str, pinning: Pinning) -> Provenance {
     Provenance {
-        commit: commit(),
+        commit: env!("RUNNER_GIT_COMMIT").to_string(),
+        dirty: env!("RUNNER_GIT_DIRTY") == "true",
+        build_profile: env!("RUNNER_BUILD_PROFILE").to_string(),
         rustc: env!("RUNNER_RUSTC_VERSION").to_string(),
         cpu: cpu_model(),
         cores: std::thread::available_parallelism()
@@ -16,34 +21,25 @@ pub fn collect(profile: &str) -> Provenance {
             .unwrap_or_default(),
         date: rfc3339_utc(std::time::SystemTime::now()),
         profile: profile.to_string(),
+        invocation: format!("{:016x}", rand::random::<u64>()),
+        pinning,
+        priority: priority(),
+        load_average: std::fs::read_to_string("/proc/loadavg")
+            .ok()
+            .and_then(|s| s.split_whitespace().next()?.parse().ok()),
     }
 }
 
-fn git(args: &[&str]) -> Option<String> {
-    let repo = concat!(env!("CARGO_MANIFEST_DIR"), "/..");
-    let out = std::process::Command::new("git")
-        .arg("-C")
-        .arg(repo)
-        .args(args)
-        .output()
-        .ok()?;
-    out.status
-        .success()
-        .then(|| String::from_utf8_lossy(&out.stdout).trim().to_string())
-}
-
-fn commit() -> String {
-    match git(&["rev-parse", "--short=12", "HEAD"]) {
-        Some(c) => {
-            let dirty = git(&["status", "--porcelain", "--untracked-files=no"])
-                .is_some_and(|s| !s.is_empty());
-            if dirty {
-                format!("{c}-dirty")
-            } else {
-                c
-            }
-        }
-        None => "unknown".into(),
+/// `nice N` of this process, and `autogroup nice M` where the kernel groups processes by session.
+fn priority() -> String {
+    // SAFETY: getpriority only reads. It can return -1 legitimately; errno tells, but -1 is a fine answer to print.
+    let nice = unsafe { libc::getpriority(libc::PRIO_PROCESS, 0) };
+    let group = std::fs::read_to_string("/proc/self/autogroup")
+        .ok()
+        .and_then(|s| s.split("nice").nth(1).map(|n| n.trim().to_string()));
+    match group {
+        Some(g) => format!("nice {nice}, autogroup nice {g}"),
+        None => format!("nice {nice}"),
     }
 }
 
@@ -88,6 +84,28 @@ pub fn rfc3339_utc(t: std::time::SystemTime) -> String {
 mod tests {
     use super::*;
     use std::time::{Duration, UNIX_EPOCH};
+
+    #[test]
+    fn the_build_is_embedded() {
+        let p = collect("quick", Pinning::default());
+        // In a checkout the commit is a full hash; outside one, `unknown`.
+        assert!(
+            p.commit == "unknown"
+                || (p.commit.len() == 40 && p.commit.chars().all(|c| c.is_ascii_hexdigit())),
+            "{}",
+            p.commit
+        );
+        assert!(
+            ["debug", "release"].contains(&p.build_profile.as_str()),
+            "{}",
+            p.build_profile
+        );
+        assert_eq!(p.invocation.len(), 16);
+        assert_ne!(
+            p.invocation,
+            collect("quick", Pinning::default()).invocation
+        );
+    }
 
     #[test]
     fn dates() {

@@ -1,15 +1,23 @@
 //! Tables from results: medians of rounds with min-max, in the layout of the seeds' tables (Markdown via `tabled`).
 //!
 //! A workload's columns come from its [`Info`]; a workload the runner does not know (results of another version)
-//! gets every numeric metric. One table per case (e.g. per worker count), or, for a workload with a
-//! [`Sweep`](workloads::workload::Sweep), one table with a row per swept value. A transport the workload does not
+//! gets every numeric metric. One table per case (e.g. per worker count), preceded, for a workload with a
+//! [`Sweep`](workloads::workload::Sweep), by one table with a row per swept value. A transport the workload does not
 //! apply to gets one row saying why ("n/a: ...").
+//!
+//! A row whose numbers cannot be trusted says so in its last column, round by round ([`workloads::trust`]: an
+//! error, a timeout, unanswered orders, a generator-bound run, a sync on a memory filesystem). Under each workload's
+//! tables a line says where the numbers come from: invocations, commits (and whether the build was dirty), build
+//! profile, pinning, and the store (filesystem, sync policy, fsyncs).
 
 use std::collections::BTreeMap;
 use tabled::builder::Builder;
 use tabled::settings::Style;
 use workloads::result::RunResult;
 use workloads::workload::{Column, Format, Info, Sweep};
+
+pub mod html;
+pub mod seeds;
 
 /// Render every workload's tables, in the order workloads first appear.
 pub fn render(results: &[RunResult]) -> String {
@@ -25,6 +33,7 @@ pub fn render(results: &[RunResult]) -> String {
         out.push_str(&render_workload(w, &rows));
         out.push('\n');
     }
+    out.push_str(&crate::hostile::tables(results));
     out
 }
 
@@ -37,13 +46,15 @@ fn case_label(info: Option<&Info>, r: &RunResult) -> String {
         .join(", ")
 }
 
-/// Results grouped by transport, in the order transports first appear, each group in round order.
-fn by_transport<'a>(results: &[&'a RunResult]) -> Vec<(&'a str, Vec<&'a RunResult>)> {
-    let mut groups: Vec<(&str, Vec<&RunResult>)> = Vec::new();
+/// Results grouped by transport (hostile runs apart: [`crate::hostile::label`]), in the order they first appear,
+/// each group in round order.
+fn by_transport<'a>(results: &[&'a RunResult]) -> Vec<(String, Vec<&'a RunResult>)> {
+    let mut groups: Vec<(String, Vec<&RunResult>)> = Vec::new();
     for r in results {
-        match groups.iter_mut().find(|(t, _)| *t == r.transport) {
+        let label = crate::hostile::label(r);
+        match groups.iter_mut().find(|(t, _)| *t == label) {
             Some((_, runs)) => runs.push(r),
-            None => groups.push((&r.transport, vec![r])),
+            None => groups.push((label, vec![r])),
         }
     }
     for (_, runs) in &mut groups {
@@ -52,10 +63,14 @@ fn by_transport<'a>(results: &[&'a RunResult]) -> Vec<(&'a str, Vec<&'a RunResul
     groups
 }
 
-fn render_workload(workload: &str, results: &[&RunResult]) -> String {
+/// One workload's tables (Markdown).
+pub fn render_workload(workload: &str, results: &[&RunResult]) -> String {
     let info = workloads::by_name(workload).map(|w| w.info());
+    let mut out = String::new();
+    // A sweep's table first (a row per swept value, transports side by side), then each case's full table.
     if let Some(sweep) = info.and_then(|i| i.sweep.as_ref()) {
-        return render_sweep(workload, sweep, results);
+        out.push_str(&render_sweep(workload, sweep, results));
+        out.push('\n');
     }
     let columns: Vec<Column> = match info {
         Some(i) => i.columns.to_vec(),
@@ -80,7 +95,6 @@ fn render_workload(workload: &str, results: &[&RunResult]) -> String {
         .copied()
         .filter(|r| r.skipped.is_some())
         .collect();
-    let mut out = String::new();
     for (_, (label, mut runs)) in cases {
         runs.extend(skipped.iter().copied());
         let title = if label.is_empty() {
@@ -90,8 +104,92 @@ fn render_workload(workload: &str, results: &[&RunResult]) -> String {
         };
         out.push_str(&format!("{title}\n\n{}\n\n", table(&columns, &runs)));
     }
+    out.push_str(&origin(results));
     out.push_str(&latency_table(results));
     out
+}
+
+/// Where the numbers of a workload's results come from, in one paragraph.
+fn origin(results: &[&RunResult]) -> String {
+    let ran: Vec<&RunResult> = results
+        .iter()
+        .copied()
+        .filter(|r| r.skipped.is_none())
+        .collect();
+    if ran.is_empty() {
+        return String::new();
+    }
+    let distinct = |f: &dyn Fn(&RunResult) -> String| {
+        let mut v: Vec<String> = ran.iter().map(|r| f(r)).collect();
+        v.sort();
+        v.dedup();
+        v.join(", ")
+    };
+    let build = distinct(&|r| {
+        let p = &r.provenance;
+        let commit = if p.commit.is_empty() {
+            "unknown"
+        } else {
+            &p.commit[..p.commit.len().min(12)]
+        };
+        let dirty = if p.dirty { " (dirty)" } else { "" };
+        format!("{commit}{dirty} {}", p.build_profile)
+    });
+    let invocations = distinct(&|r| r.provenance.invocation.clone());
+    let pinning = distinct(&|r| {
+        let p = &r.provenance.pinning;
+        match p.mode.as_str() {
+            "separate" => format!(
+                "server on CPU {:?}, generator on {:?}",
+                p.server_cpus, p.generator_cpus
+            ),
+            "" => "not recorded".into(),
+            other => format!("not pinned ({other})"),
+        }
+    });
+    let store = distinct(&|r| match &r.durability {
+        Some(d) => format!(
+            "{} with sync {}, {} server thread(s)",
+            d.store_fs, d.sync, d.server_threads
+        ),
+        None => "not recorded".into(),
+    });
+    let fsync = {
+        let mut all: Option<hdrhistogram::Histogram<u64>> = None;
+        for h in ran.iter().filter_map(|r| r.histograms.get("store_fsync")) {
+            if let Ok(h) = workloads::hist::decode(h) {
+                match &mut all {
+                    Some(a) => {
+                        let _ = a.add(&h);
+                    }
+                    None => all = Some(h),
+                }
+            }
+        }
+        match all.filter(|h| !h.is_empty()) {
+            Some(h) => format!(
+                "; fdatasync p50 {:.2} ms, p99 {:.2} ms over {} syncs",
+                workloads::hist::quantile_ms(&h, 0.5),
+                workloads::hist::quantile_ms(&h, 0.99),
+                h.len()
+            ),
+            None => String::new(),
+        }
+    };
+    let priority = distinct(&|r| {
+        let p = &r.provenance;
+        let load = p
+            .load_average
+            .map_or(String::new(), |l| format!(", load average {l:.1} at start"));
+        if p.priority.is_empty() {
+            format!("priority not recorded{load}")
+        } else {
+            format!("{}{load}", p.priority)
+        }
+    });
+    format!(
+        "Measured by invocation(s) {invocations}; build {build}; {pinning}; {priority}; store on {store}{fsync}.\n"
+    )
 }
 
 /// The standard table: a row per transport, the columns summarising its rounds.
@@ -99,27 +197,54 @@ fn table(columns: &[Column], results: &[&RunResult]) -> String {
     let mut b = Builder::default();
     let mut header = vec!["transport".to_string(), "rounds".to_string()];
     header.extend(columns.iter().map(|c| c.header.to_string()));
+    header.push("not to be trusted".into());
     b.push_record(header);
     for (transport, runs) in by_transport(results) {
         if let Some(reason) = runs.iter().find_map(|r| r.skipped.as_deref()) {
             let mut row = vec![transport.to_string(), "-".into(), format!("n/a: {reason}")];
-            row.extend(std::iter::repeat_n(
-                String::new(),
-                columns.len().saturating_sub(1),
-            ));
+            row.extend(std::iter::repeat_n(String::new(), columns.len()));
             b.push_record(row);
             continue;
         }
-        let mut row = vec![transport.to_string(), runs.len().to_string()];
+        let mut row = vec![transport.clone(), runs.len().to_string()];
         for c in columns {
             let values: Vec<f64> = runs.iter().filter_map(|r| r.metric(c.metric)).collect();
             row.push(cell(&values, c.format));
         }
+        row.push(distrust(&runs));
         b.push_record(row);
+    }
+    let seeds = results
+        .iter()
+        .find(|r| r.skipped.is_none())
+        .map(|r| seeds::matching(r))
+        .unwrap_or_default();
+    for entry in &seeds {
+        for s in &entry.rows {
+            let mut row = vec![
+                format!("seed {}: {}", entry.seed, s.label),
+                s.rounds.map_or("-".into(), |n| n.to_string()),
+            ];
+            for c in columns {
+                row.push(
+                    s.metrics
+                        .get(c.metric)
+                        .map_or(String::new(), |f| f.cell(c.format)),
+                );
+            }
+            b.push_record(row);
+        }
     }
     let mut table = b.build();
     table.with(Style::markdown());
-    table.to_string()
+    let mut out = table.to_string();
+    for entry in &seeds {
+        out.push_str(&format!(
+            "\n\nSeed {} rows: {}. Other hardware and code: compare shapes and ratios, not values.",
+            entry.seed, entry.source
+        ));
+    }
+    out
 }
 
 /// The latency distributions of a workload: every histogram of every transport, rounds merged.
@@ -130,14 +255,12 @@ fn latency_table(results: &[&RunResult]) -> String {
             let Ok(h) = workloads::hist::decode(encoded) else {
                 continue;
             };
-            match merged
-                .iter_mut()
-                .find(|(t, n, _)| *t == r.transport && n == name)
-            {
+            let label = crate::hostile::label(r);
+            match merged.iter_mut().find(|(t, n, _)| *t == label && n == name) {
                 Some((_, _, m)) => {
                     let _ = m.add(&h);
                 }
-                None => merged.push((r.transport.clone(), name.clone(), h)),
+                None => merged.push((label, name.clone(), h)),
             }
         }
     }
@@ -218,7 +341,7 @@ fn render_sweep(workload: &str, sweep: &Sweep, results: &[&RunResult]) -> String
             for c in sweep.per_transport {
                 let xs: Vec<f64> = at
                     .iter()
-                    .filter(|r| r.transport == *t)
+                    .filter(|r| crate::hostile::label(r) == *t)
                     .filter_map(|r| r.metric(c.metric))
                     .collect();
                 row.push(cell(&xs, c.format));
@@ -233,9 +356,35 @@ fn render_sweep(workload: &str, sweep: &Sweep, results: &[&RunResult]) -> String
         if let Some(reason) = runs.iter().find_map(|r| r.skipped.as_deref()) {
             out.push_str(&format!("\n{t}: n/a: {reason}\n"));
         }
+        for r in runs {
+            let flags = workloads::trust::flags(r);
+            if !flags.is_empty() {
+                let at = value(r).map_or(String::new(), |v| {
+                    format!(" at {} {}", sweep.key, thousands(v))
+                });
+                out.push_str(&format!(
+                    "\n{t}{at}, round {}: not to be trusted: {}\n",
+                    r.round,
+                    flags.join(", ")
+                ));
+            }
+        }
     }
+    out.push('\n');
+    out.push_str(&origin(results));
     out.push_str(&latency_table(results));
     out
+}
+
+/// Why the numbers of some of these runs cannot be trusted, round by round; empty when nothing says so.
+fn distrust(runs: &[&RunResult]) -> String {
+    runs.iter()
+        .filter_map(|r| {
+            let flags = workloads::trust::flags(r);
+            (!flags.is_empty()).then(|| format!("round {}: {}", r.round, flags.join(", ")))
+        })
+        .collect::<Vec<_>>()
+        .join("; ")
 }
 
 fn generic_columns(results: &[&RunResult]) -> Vec<Column> {
@@ -303,7 +452,7 @@ pub fn thousands(v: f64) -> String {
     let digits = n.unsigned_abs().to_string();
     let mut out = String::new();
     for (i, ch) in digits.chars().enumerate() {
-        if i > 0 && (digits.len() - i) % 3 == 0 {
+        if i > 0 && (digits.len() - i).is_multiple_of(3) {
             out.push(',');
         }
         out.push(ch);

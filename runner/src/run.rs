@@ -3,7 +3,6 @@
 use anyhow::{bail, Context, Result};
 use clap::Args;
 use std::path::PathBuf;
-use std::sync::Arc;
 use transport_core::Transport;
 use transport_store::SyncPolicy;
 use workloads::result::{self, RunResult};
@@ -50,6 +49,13 @@ pub struct RunArgs {
     /// that has the key).
     #[arg(long = "param", value_name = "KEY=VALUE")]
     pub params: Vec<String>,
+    /// Pin the server to one CPU and the load generator to the others (where there are two or more): on or off.
+    #[arg(long, default_value = "on", value_parser = ["on", "off"])]
+    pub pin: String,
+    /// Run every case twice, clean and with an adversary beside it (`runner adversary`); the tables show both rows
+    /// and the ratio of their primary metrics.
+    #[arg(long, visible_alias = "adversary")]
+    pub hostile: bool,
 }
 
 /// Parse the workload list; the first unknown one is the error.
@@ -118,14 +124,19 @@ pub fn plan(
     Ok(Plan { workloads })
 }
 
-pub async fn run(args: RunArgs, transports: Vec<Box<dyn Transport>>, plan: Plan) -> Result<()> {
+pub async fn run(
+    args: RunArgs,
+    transports: Vec<Box<dyn Transport>>,
+    plan: Plan,
+    pinning: workloads::pin::Pinning,
+) -> Result<()> {
     if args.rounds == 0 {
         bail!("--rounds must be at least 1");
     }
     if args.server_threads == 0 {
         bail!("--server-threads must be at least 1");
     }
-    let provenance = crate::provenance::collect(args.profile.name());
+    let provenance = crate::provenance::collect(args.profile.name(), pinning);
     let out = args.out.clone().unwrap_or_else(|| {
         PathBuf::from("results").join(format!("{}.jsonl", provenance.date.replace([':', '-'], "")))
     });
@@ -143,6 +154,29 @@ pub async fn run(args: RunArgs, transports: Vec<Box<dyn Transport>>, plan: Plan)
             temp.path().to_path_buf()
         }
     };
+    // Every run in order, for the progress line: (workload, transport and whether hostile).
+    let variants: &[bool] = if args.hostile {
+        &[false, true]
+    } else {
+        &[false]
+    };
+    let mut order: Vec<(String, String)> = Vec::new();
+    for (workload, cases) in &plan.workloads {
+        for _ in cases {
+            for round in 0..args.rounds {
+                for i in rotation(transports.len(), round) {
+                    for hostile in variants {
+                        let suffix = if *hostile { " · hostile" } else { "" };
+                        order.push((
+                            workload.info().name.to_string(),
+                            format!("{}{suffix}", transports[i].spec()),
+                        ));
+                    }
+                }
+            }
+        }
+    }
+    let mut progress = crate::progress::Progress::new(order);
     let harness = Harness {
         runner: std::env::current_exe().context("locating the runner binary")?,
         work_dir,
@@ -151,7 +185,18 @@ pub async fn run(args: RunArgs, transports: Vec<Box<dyn Transport>>, plan: Plan)
         profile: args.profile,
         provenance,
         keep: args.keep,
-        progress: Arc::new(|line: &str| eprintln!("{line}")),
+        progress: progress.printer(),
+        hostile: false,
+    };
+    let hostile = Harness {
+        hostile: true,
+        ..harness.clone()
+    };
+    // Each case clean, then (with --hostile) with the adversary, one after the other.
+    let harnesses: Vec<&Harness> = if args.hostile {
+        vec![&harness, &hostile]
+    } else {
+        vec![&harness]
     };
     let mut results: Vec<RunResult> = Vec::new();
     let mut failures = 0;
@@ -159,25 +204,31 @@ pub async fn run(args: RunArgs, transports: Vec<Box<dyn Transport>>, plan: Plan)
         let name = workload.info().name;
         for case in cases {
             for round in 0..args.rounds {
-                for i in rotation(transports.len(), round) {
+                let order: Vec<(usize, usize)> = rotation(transports.len(), round)
+                    .into_iter()
+                    .flat_map(|i| (0..harnesses.len()).map(move |k| (i, k)))
+                    .collect();
+                for (i, k) in order {
+                    let h = harnesses[k];
                     let t = transports[i].as_ref();
-                    eprintln!(
-                        "{name} · {} · round {}/{}",
+                    progress.start(&format!(
+                        "{name} · {}{} · round {}/{}",
                         t.spec(),
+                        if h.hostile { " · hostile" } else { "" },
                         round + 1,
                         args.rounds
-                    );
-                    let r = match harness.run(*workload, t, round, case).await {
-                        Ok(r) => r,
-                        Err(e) => {
-                            eprintln!("error: {name} {} round {round}: {e:#}", t.spec());
+                    ));
+                    // A failed run is on record too, with its error, so a check of the file fails on it.
+                    let r = h.run(*workload, t, round, case).await;
+                    progress.end();
+                    match (&r.error, &r.skipped) {
+                        (Some(e), _) => {
+                            progress
+                                .println(&format!("error: {name} {} round {round}: {e}", t.spec()));
                             failures += 1;
-                            continue;
                         }
-                    };
-                    match &r.skipped {
-                        Some(reason) => eprintln!("  n/a: {reason}"),
-                        None => eprintln!("  {}", summary(*workload, &r)),
+                        (None, Some(reason)) => progress.println(&format!("  n/a: {reason}")),
+                        (None, None) => progress.println(&format!("  {}", summary(*workload, &r))),
                     }
                     result::append(&out, std::slice::from_ref(&r))
                         .with_context(|| format!("writing {}", out.display()))?;
@@ -186,6 +237,7 @@ pub async fn run(args: RunArgs, transports: Vec<Box<dyn Transport>>, plan: Plan)
             }
         }
     }
+    drop(progress);
     println!("{}", crate::report::render(&results));
     eprintln!("results: {} ({} runs)", out.display(), results.len());
     if failures > 0 {

@@ -1,7 +1,12 @@
 //! `runner serve`: run the server side of one transport in this process until killed.
 //!
 //! Prints one JSON line when listening (`{"ready": {...}}`), then answers each `stats` line on stdin with one JSON
-//! line (`{"counters": ..., "store": ..., "cpu_s": ...}`). Exits when stdin closes, so a server never outlives its runner.
+//! line ([`stats_line`]: counters, the store's statistics, filesystem, fsync times and failure, CPU). Exits when stdin
+//! closes, so a server never outlives its runner, or when the transport's server stops (its store failed); either
+//! way it writes its statistics one last time first, with the error that stopped it if one did.
+//!
+//! For tests only: with the environment variable [`BROKEN_STATS_ENV`] set, every stats answer is a JSON object that
+//! is not the statistics, so a test can prove that a broken control line fails a run and its check.
 
 use anyhow::{bail, Context, Result};
 use clap::Args;
@@ -9,10 +14,15 @@ use std::io::Write;
 use std::net::SocketAddr;
 use std::path::PathBuf;
 use std::sync::Arc;
+use std::time::{Duration, Instant};
 use tokio::io::AsyncBufReadExt;
-use transport_core::{Counters, ServeConfig, Transport};
+use transport_core::commit::{CommitError, OrderStore, Outcome, SharedStore};
+use transport_core::{BoxFuture, Counters, Order, ServeConfig, Transport};
 use transport_store::{Store, StoreHandle, SyncPolicy};
 use workloads::process::{ReadyLine, ReadyMessage};
+
+/// Set (to anything) in a server's environment, its control line answers something that is not its statistics.
+pub const BROKEN_STATS_ENV: &str = "RUNNER_TEST_BROKEN_STATS";
 
 /// Serve one transport.
 #[derive(Debug, Args)]
@@ -64,13 +74,58 @@ fn transport(args: &ServeArgs) -> Result<Box<dyn Transport>> {
     }
 }
 
+/// The environment variable that slows one transport's server on purpose, for testing the regression gate:
+/// `SPEC:MICROSECONDS`, busy CPU spent per committed order on the server's own thread (e.g. `quinn:50`). A server of
+/// another transport ignores it. Never set it for a measurement.
+pub const HANDICAP_ENV: &str = "RUNNER_HANDICAP";
+
+/// The handicap for `spec` from [`HANDICAP_ENV`]: none if unset or for another transport.
+fn handicap(spec: &str) -> Result<Option<Duration>> {
+    let Ok(value) = std::env::var(HANDICAP_ENV) else {
+        return Ok(None);
+    };
+    let (target, us) = value
+        .rsplit_once(':')
+        .with_context(|| format!("{HANDICAP_ENV}={value}: expected SPEC:MICROSECONDS"))?;
+    let us: u64 = us
+        .parse()
+        .with_context(|| format!("{HANDICAP_ENV}={value}: {us} is not a number of microseconds"))?;
+    Ok((target == spec).then(|| Duration::from_micros(us)))
+}
+
+/// A store that burns `per_order` of CPU on the calling thread for each order before committing ([`HANDICAP_ENV`]).
+struct Handicapped {
+    inner: SharedStore,
+    per_order: Duration,
+}
+
+impl OrderStore for Handicapped {
+    fn commit(&self, orders: Vec<Order>) -> BoxFuture<'static, Result<Vec<Outcome>, CommitError>> {
+        let until = Instant::now() + self.per_order * orders.len() as u32;
+        while Instant::now() < until {
+            std::hint::spin_loop();
+        }
+        self.inner.commit(orders)
+    }
+}
+
 pub fn run(args: ServeArgs) -> Result<()> {
     let transport = transport(&args)?;
+    let handicap = handicap(&args.transport)?;
+    if let Some(h) = handicap {
+        eprintln!(
+            "serve: {} handicapped by {} µs of CPU per order ({HANDICAP_ENV})",
+            args.transport,
+            h.as_micros()
+        );
+    }
     if args.server_threads == 0 {
         bail!("--server-threads must be at least 1");
     }
     let (store, recovery) = Store::open(&args.store, args.sync)
         .with_context(|| format!("opening the store {}", args.store.display()))?;
+    let filesystem = transport_store::fs::filesystem(&args.store)
+        .with_context(|| format!("reading the filesystem of {}", args.store.display()))?;
     if recovery.truncated_bytes > 0 {
         eprintln!(
             "store: cut a torn tail of {} bytes after {} records",
@@ -94,7 +149,13 @@ pub fn run(args: ServeArgs) -> Result<()> {
         let config = ServeConfig {
             listen: args.listen,
             identity: args.identity.clone(),
-            store: Arc::new(store.clone()),
+            store: match handicap {
+                Some(per_order) => Arc::new(Handicapped {
+                    inner: Arc::new(store.clone()),
+                    per_order,
+                }),
+                None => Arc::new(store.clone()),
+            },
             state_dir: args.store.clone(),
             counters: counters.clone(),
             ready: ready_tx,
@@ -128,38 +189,65 @@ pub fn run(args: ServeArgs) -> Result<()> {
         };
         print_line(&serde_json::to_string(&line)?)?;
 
+        let broken = std::env::var_os(BROKEN_STATS_ENV).is_some();
+        let answer = |error: Option<&anyhow::Error>| {
+            if broken {
+                return serde_json::json!({ "broken": "not the statistics" }).to_string();
+            }
+            stats_line(&counters, &store, &filesystem, error).to_string()
+        };
         let mut lines = tokio::io::BufReader::new(tokio::io::stdin()).lines();
-        loop {
+        let outcome: Result<()> = loop {
             tokio::select! {
                 r = &mut server => {
-                    match r {
-                        Ok(Err(e)) => bail!("{e}"),
-                        Ok(Ok(())) => return Ok(()),
-                        Err(e) => bail!("the server task failed: {e}"),
-                    }
+                    break match r {
+                        Ok(Err(e)) => Err(anyhow::anyhow!("{e}")),
+                        Ok(Ok(())) => Ok(()),
+                        Err(e) => Err(anyhow::anyhow!("the server task failed: {e}")),
+                    };
                 }
                 line = lines.next_line() => {
-                    match line? {
-                        None => return Ok(()),
-                        Some(l) if l.trim() == "stats" => {
-                            // CPU from getrusage: microsecond resolution, every thread, exited ones included. A
-                            // figure that cannot be read is reported as an error, never as zero.
-                            let v = match transport_core::procfs::self_cpu_time() {
-                                Ok(cpu) => serde_json::json!({
-                                    "counters": counters.snapshot(),
-                                    "store": store.stats(),
-                                    "cpu_s": cpu.as_secs_f64(),
-                                }),
-                                Err(e) => serde_json::json!({ "error": format!("getrusage: {e}") }),
-                            };
-                            print_line(&v.to_string())?;
-                        }
-                        Some(_) => print_line("{\"error\":\"unknown command\"}")?,
+                    match line {
+                        Err(e) => break Err(e.into()),
+                        Ok(None) => break Ok(()),
+                        Ok(Some(l)) if l.trim() == "stats" => print_line(&answer(None))?,
+                        Ok(Some(_)) => print_line("{\"error\":\"unknown command\"}")?,
                     }
                 }
             }
-        }
+        };
+        // The last word: a runner shutting the server down, or finding out why it stopped, reads it. Its own output
+        // may be gone (the runner died): the outcome stands either way.
+        let _ = print_line(&answer(outcome.as_ref().err()));
+        outcome
     })
+}
+
+/// The answer to `stats`: the server's counters; its store's statistics, the filesystem it is on, every fsync's
+/// time (HDR histogram in µs, V2 base64) and the reason it failed if it did; CPU seconds from getrusage
+/// (microsecond resolution, every thread, exited ones included), or the error reading them (never a zero); and the
+/// error that stopped the server, in its last line.
+pub fn stats_line(
+    counters: &Counters,
+    store: &StoreHandle,
+    filesystem: &str,
+    error: Option<&anyhow::Error>,
+) -> serde_json::Value {
+    let mut v = serde_json::json!({
+        "counters": counters.snapshot(),
+        "store": store.stats(),
+        "store_fs": filesystem,
+        "fsync_us": workloads::hist::encode(&store.sync_histogram()),
+        "store_failed": store.failure(),
+    });
+    match transport_core::procfs::self_cpu_time() {
+        Ok(cpu) => v["cpu_s"] = cpu.as_secs_f64().into(),
+        Err(e) => v["error"] = format!("getrusage: {e}").into(),
+    }
+    if let Some(e) = error {
+        v["error"] = format!("{e:#}").into();
+    }
+    v
 }
 
 fn print_line(line: &str) -> Result<()> {

@@ -17,6 +17,7 @@ fn harness(dir: &std::path::Path) -> Harness {
         provenance: Default::default(),
         keep: false,
         progress: Arc::new(|_| {}),
+        hostile: false,
     }
 }
 
@@ -201,15 +202,7 @@ fn the_runner_prints_the_drain_table_and_writes_results() {
             "--workload",
             "drain",
         ])
-        .args([
-            "--rounds",
-            "2",
-            "--param",
-            "orders=600",
-            "--param",
-            "pile_up_ms=50",
-            "--out",
-        ])
+        .args(["--rounds", "2", "--out"])
         .arg(&out)
         .output()
         .unwrap();
@@ -222,14 +215,7 @@ fn the_runner_prints_the_drain_table_and_writes_results() {
     let results = workloads::result::read(&out).unwrap();
     assert_eq!(results.len(), 8);
     for r in &results {
-        for key in [
-            "orders",
-            "orders_per_second",
-            "applied",
-            "lost",
-            "duplicates",
-            "server_cpu_s",
-        ] {
+        for key in ["orders", "applied", "lost", "duplicates", "server_cpu_s"] {
             assert!(
                 r.metrics.contains_key(key),
                 "{key} in {:?}",
@@ -238,17 +224,28 @@ fn the_runner_prints_the_drain_table_and_writes_results() {
         }
         assert_eq!(r.metric("lost"), Some(0.0));
         assert_eq!(r.metric("duplicates"), Some(0.0));
-        assert_eq!(
-            r.metric("applied"),
-            Some(608.0),
-            "600 orders and one warm-up per client"
-        );
+        // The quick profile: 20,000 orders from 16 devices (2,000 from 2 for the per-request variant), and one
+        // warm-up per device.
+        let (backlog, devices) = if r.transport == "pure:hpke-per-request" {
+            (2_000.0, 2.0)
+        } else {
+            (20_000.0, 16.0)
+        };
+        assert_eq!(r.metric("orders"), Some(backlog));
+        assert_eq!(r.metric("clients"), Some(devices));
+        assert_eq!(r.metric("applied"), Some(backlog + devices));
         assert!(
             workloads::hist::decode(&r.histograms["continue_to_stored"])
                 .unwrap()
-                .len()
-                >= 600
+                .len() as f64
+                >= backlog
         );
+        // A steady part needs a few group commits: the per-request variant, a hundred times slower (and slower
+        // still in a debug build), may take its small backlog in one or two.
+        if r.transport != "pure:hpke-per-request" {
+            assert!(r.metric("steady_groups").unwrap() >= 2.0, "{}", r.transport);
+            assert!(r.metric("orders_per_second").unwrap() > 0.0);
+        }
         assert!(!r.provenance.rustc.is_empty() && r.provenance.cores > 0);
     }
     // Rounds rotate the order of the transports.
@@ -367,9 +364,10 @@ fn children_of(pid: u32) -> Vec<u32> {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn devices_sharing_a_socket_each_get_their_answers() {
-    // More devices than shards: several devices share each client socket, so the receiver packs answers for
-    // different devices into one datagram. Every device must take its own and none may be thrown away.
-    let spec = "pure";
+    // The shared-sockets variant with more devices than its 16 sockets: several devices share each client socket,
+    // so the receiver packs answers for different devices into one datagram. Every device must take its own and
+    // none may be thrown away. (By default each device has its own socket: `transports/pure/tests/sockets.rs`.)
+    let spec = "pure+shared-sockets";
     let devices = 48u32;
     let dir = tempfile::tempdir().unwrap();
     let h = harness(dir.path());

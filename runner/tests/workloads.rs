@@ -67,6 +67,35 @@ fn restart_quinn_and_mqtt_clients_reconnect_and_nothing_is_lost_or_applied_twice
             "{}: a handshake costs asymmetric operations",
             r.transport
         );
+        // Every order's send lag is on record, and so is whether the generator was the limit.
+        let lag = workloads::hist::decode(&r.histograms["send_lag"]).unwrap();
+        assert_eq!(
+            lag.len() as f64,
+            metric(r, "orders_made"),
+            "{}",
+            r.transport
+        );
+        assert!(r.metric("generator_bound").is_some());
+        assert_eq!(metric(r, "unanswered"), 0.0);
+        // One definition of stalls and lateness for every transport: against the offered rate (60 devices, one
+        // order a second each: 6 per 100 ms) and one absolute threshold.
+        assert_eq!(metric(r, "offered_per_bin"), 6.0);
+        assert!(metric(r, "slow_bins") <= 100.0);
+        let late = metric(r, "late_orders");
+        let pct = 100.0 * late / metric(r, "orders_made");
+        assert!(
+            (metric(r, "late_pct") - pct).abs() < 1e-9,
+            "{}",
+            r.transport
+        );
+        // Back on time later than the kill only if some order after it was late.
+        assert!(
+            metric(r, "on_time_again_s") == 0.0 || late > 0.0,
+            "{}",
+            r.transport
+        );
+        assert!(r.metric("stall_bins").is_none() && r.metric("catch_up_s").is_none());
+        assert_eq!(r.durability.as_ref().unwrap().server_processes, 2);
     }
 }
 
@@ -84,12 +113,15 @@ fn drain_runs_for_the_connection_transports_too() {
             "1",
             "--param",
             "orders=400",
+            "--param",
+            "clients=8",
         ],
     );
     for r in &results {
         assert_eq!(metric(r, "lost"), 0.0, "{}", r.transport);
         assert_eq!(metric(r, "duplicates"), 0.0, "{}", r.transport);
         assert_eq!(metric(r, "applied"), 408.0, "{}", r.transport);
+        assert_eq!(metric(r, "orders_acked"), metric(r, "orders_made"));
     }
 }
 
@@ -107,6 +139,10 @@ fn first_contact_costs_pure_one_round_trip_and_quic_two() {
             "40",
             "--rounds",
             "1",
+            // The tests of this file run at once, and each runner would pin its generator (and the emulator in
+            // it) to the same CPU: this one's timing is the point, so it leaves placement to the kernel.
+            "--pin",
+            "off",
         ]
         .into_iter()
         .chain(["--param", "peers=8"])
@@ -131,5 +167,19 @@ fn first_contact_costs_pure_one_round_trip_and_quic_two() {
             r.transport
         );
         assert_eq!(metric(r, "lost"), 0.0);
+        // The emulator's whole measurement is kept, each direction.
+        for dir in ["to_server", "to_client"] {
+            let p50 = metric(r, &format!("link_{dir}_p50_ms"));
+            let p99 = metric(r, &format!("link_{dir}_p99_ms"));
+            let max = metric(r, &format!("link_{dir}_max_ms"));
+            assert!(
+                (19.0..22.0).contains(&p50) && p50 <= p99 && p99 <= max,
+                "{dir}: {p50} {p99} {max}"
+            );
+            assert!(metric(r, &format!("link_{dir}_packets")) > 0.0);
+            assert_eq!(metric(r, &format!("link_{dir}_dropped")), 0.0);
+            assert!(r.metric(&format!("link_{dir}_held")).is_some());
+        }
+        assert_eq!(metric(r, "unanswered"), 0.0);
     }
 }
