@@ -53,8 +53,18 @@ enum Command {
     /// Render the tables of results files (Markdown on stdout), their charts, or one self-contained HTML page.
     Report {
         /// JSON Lines results files.
-        #[arg(required = true)]
+        #[arg(required_unless_present = "fill")]
         files: Vec<PathBuf>,
+        /// Refill the generated tables of a Markdown page (`<!-- report FILE -->` ... `<!-- end report -->`) from
+        /// the results folder the page names, keeping its commentary (docs/report.md, "Generated pages").
+        #[arg(long, value_name = "PAGE", conflicts_with_all = ["files", "html", "markdown", "svg"])]
+        fill: Option<PathBuf>,
+        /// With --fill: take the tables from this folder, and name it in the page.
+        #[arg(long, value_name = "DIR", requires = "fill")]
+        from: Option<PathBuf>,
+        /// With --fill: change nothing; fail if the page is not what filling it would make.
+        #[arg(long, requires = "fill")]
+        check: bool,
         /// Write one self-contained HTML page (tables, charts, checks, provenance) to this file.
         #[arg(long, value_name = "FILE")]
         html: Option<PathBuf>,
@@ -76,6 +86,10 @@ enum Command {
         /// How much worse than the baseline's a ratio may be (0.25 = 25%).
         #[arg(long, default_value_t = 0.25)]
         tolerance: f64,
+        /// Gate only the ratios whose values in the baseline's invocations are at most this far apart
+        /// (`max/min - 1`; 0.05 = 5%); report the others without failing on them. Default: gate every ratio.
+        #[arg(long, value_name = "SPREAD", requires = "baseline")]
+        max_reference_spread: Option<f64>,
         /// Pass runs whose only doubt is a busy load generator, still naming them (smoke runs on a small shared
         /// machine, where the timing is not what is checked).
         #[arg(long)]
@@ -132,10 +146,17 @@ fn main() -> ExitCode {
         Some(Command::Worker(args)) => finish(worker::run(args)),
         Some(Command::Adversary(args)) => finish(adversary::run(args)),
         Some(Command::Report {
+            fill: Some(page),
+            from,
+            check,
+            ..
+        }) => finish(fill_page(&page, from.as_deref(), check)),
+        Some(Command::Report {
             files,
             html,
             markdown,
             svg,
+            ..
         }) => finish(report_files(
             &files,
             html.as_deref(),
@@ -146,11 +167,13 @@ fn main() -> ExitCode {
             files,
             baseline,
             tolerance,
+            max_reference_spread,
             allow_generator_bound,
         }) => finish_check(
             &files,
             baseline.as_deref(),
             tolerance,
+            max_reference_spread,
             allow_generator_bound,
         ),
         Some(Command::Compare { a, b, confidence }) => {
@@ -263,6 +286,28 @@ fn report_files(
     Ok(())
 }
 
+/// Refill a page's generated tables, or with `check` fail if they are not what the results give.
+fn fill_page(page: &Path, from: Option<&Path>, check: bool) -> Result<()> {
+    let text =
+        std::fs::read_to_string(page).with_context(|| format!("reading {}", page.display()))?;
+    let filled = report::fill::fill(&text, page, from)?;
+    if check {
+        if filled != text {
+            anyhow::bail!(
+                "{} is not what its results folder gives: run `runner report --fill {}`",
+                page.display(),
+                page.display()
+            );
+        }
+        eprintln!(
+            "{}: its tables are what its results folder gives",
+            page.display()
+        );
+        return Ok(());
+    }
+    write_file(page, filled.as_bytes())
+}
+
 /// Write a file (its directory created), and say so on stderr.
 fn write_file(path: &Path, bytes: &[u8]) -> Result<()> {
     if let Some(dir) = path.parent().filter(|d| !d.as_os_str().is_empty()) {
@@ -285,20 +330,26 @@ fn finish_check(
     files: &[PathBuf],
     baseline: Option<&Path>,
     tolerance: f64,
+    max_spread: Option<f64>,
     allow_generator_bound: bool,
 ) -> ExitCode {
     if !(0.0..=10.0).contains(&tolerance) {
         return usage("--tolerance must be between 0 and 10");
+    }
+    if max_spread.is_some_and(|s| !(0.0..=10.0).contains(&s)) {
+        return usage("--max-reference-spread must be between 0 and 10");
     }
     let run = || -> Result<bool> {
         let current = read_all(files)?;
         let mut checks = check::invariants_with(&current, allow_generator_bound);
         if let Some(b) = baseline {
             let base = workloads::result::read(b)?;
-            checks.extend(check::against_baseline(&current, &base, tolerance));
+            checks.extend(check::against_baseline(
+                &current, &base, tolerance, max_spread,
+            ));
         }
         println!("{}", check::render(&checks));
-        let failed = checks.iter().filter(|c| !c.ok).count();
+        let failed = checks.iter().filter(|c| c.fails()).count();
         eprintln!("{} checks, {failed} failed", checks.len());
         Ok(failed == 0)
     };

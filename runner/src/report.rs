@@ -16,6 +16,7 @@ use tabled::settings::Style;
 use workloads::result::RunResult;
 use workloads::workload::{Column, Format, Info, Sweep};
 
+pub mod fill;
 pub mod html;
 pub mod seeds;
 

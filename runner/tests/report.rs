@@ -435,3 +435,67 @@ fn report_writes_markdown_and_svg_files() {
     let timeline = std::fs::read_to_string(svg.join("restart-timeline.svg")).unwrap();
     assert!(timeline.starts_with("<svg") && timeline.contains("kill"));
 }
+
+#[test]
+fn fill_renews_the_tables_of_a_page_and_keeps_its_commentary() {
+    let dir = tempfile::tempdir().unwrap();
+    let data = dir.path().join("data");
+    std::fs::create_dir_all(&data).unwrap();
+    write_lines(
+        &data.join("drain.jsonl"),
+        &[drain("plain", 0, 1000.0), drain("sealed", 0, 800.0)],
+    );
+    let docs = dir.path().join("docs");
+    std::fs::create_dir_all(&docs).unwrap();
+    let page = docs.join("results.md");
+    let stale = "# Results\n\nOur words.\n\n<!-- report drain.jsonl -->\n| typed by hand | 1 |\n<!-- end report -->\n\nMore words.\n";
+    std::fs::write(&page, stale).unwrap();
+    let p = page.to_str().unwrap();
+
+    // No folder named yet: a clear line, exit 1.
+    let out = runner(&["report", "--fill", p, "--check"]);
+    assert_eq!(out.status.code(), Some(1));
+    assert!(String::from_utf8_lossy(&out.stderr).contains("no `<!-- results from DIR -->` line"));
+
+    let out = runner(&["report", "--fill", p, "--from", data.to_str().unwrap()]);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let filled = std::fs::read_to_string(&page).unwrap();
+    assert!(filled.contains("Our words.") && filled.contains("More words."));
+    assert!(!filled.contains("typed by hand"));
+    assert!(
+        filled.contains("### drain") && filled.contains("| plain"),
+        "{filled}"
+    );
+    assert!(
+        filled.starts_with("<!-- results from "),
+        "the page names its folder"
+    );
+    // Filled, the page passes --check; with a table edited by hand it fails, and says how to renew it.
+    let out = runner(&["report", "--fill", p, "--check"]);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    std::fs::write(&page, filled.replace("| plain", "| plane")).unwrap();
+    let out = runner(&["report", "--fill", p, "--check"]);
+    assert_eq!(out.status.code(), Some(1));
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(err.contains("runner report --fill"), "{err}");
+    assert_eq!(err.lines().count(), 1, "{err}");
+}
+
+#[test]
+fn docs_results_md_holds_exactly_what_its_results_folder_gives() {
+    let page = Path::new(env!("CARGO_MANIFEST_DIR")).join("../docs/results.md");
+    let out = runner(&["report", "--fill", page.to_str().unwrap(), "--check"]);
+    assert!(
+        out.status.success(),
+        "docs/results.md's tables are generated (docs/report.md, \"Generated pages\"): {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+}
