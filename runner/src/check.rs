@@ -57,6 +57,16 @@ pub struct Check {
     pub expected: String,
     /// Whether it holds.
     pub ok: bool,
+    /// Whether a failure fails the check: false for a ratio whose reference is too noisy to hold it to
+    /// (`--max-reference-spread`), which is reported and never fails.
+    pub gated: bool,
+}
+
+impl Check {
+    /// Whether this check fails the whole check.
+    pub fn fails(&self) -> bool {
+        self.gated && !self.ok
+    }
 }
 
 /// The invariants of every run: its numbers can be trusted, and the design's promises hold.
@@ -91,6 +101,7 @@ pub fn invariants_with(results: &[RunResult], allow_generator_bound: bool) -> Ve
             expected: "no error, nothing unanswered, lost or twice, not generator-bound, durable"
                 .into(),
             ok: failing == 0,
+            gated: true,
         });
         out.extend(deliveries_accounted(&name, r));
         let memo = transport_pure::variant(&r.transport).is_some_and(|p| p.memo());
@@ -101,6 +112,7 @@ pub fn invariants_with(results: &[RunResult], allow_generator_bound: bool) -> Ve
                 found: fmt(v),
                 expected: "0".into(),
                 ok: v == 0.0,
+                gated: true,
             });
         }
     }
@@ -128,6 +140,7 @@ fn deliveries_accounted(name: &str, r: &RunResult) -> Vec<Check> {
         ),
         expected: "equal".into(),
         ok: expected == delivered + dropped + undelivered,
+        gated: true,
     }]
 }
 
@@ -234,10 +247,16 @@ fn invocation_ratios(results: &[&RunResult]) -> BTreeMap<RatioKey, Ratio> {
 
 /// Compare the ratios of each invocation of `current` with the same ratios (same workload, parameters and pair)
 /// of `baseline`.
+///
+/// With `max_spread`, a ratio whose values in the baseline's invocations differ by more than that (`max/min - 1`)
+/// is reported but not gated: a reference that moves that much between two invocations of one build cannot tell a
+/// slower commit from the noise; nor can a ratio the baseline holds from one invocation only, whose noise is
+/// unknown. Without it every ratio is gated.
 pub fn against_baseline(
     current: &[RunResult],
     baseline: &[RunResult],
     tolerance: f64,
+    max_spread: Option<f64>,
 ) -> Vec<Check> {
     let base = ratios(baseline);
     let mut out = Vec::new();
@@ -251,6 +270,11 @@ pub fn against_baseline(
                 .collect();
             let Some(expected) = crate::report::median(&like) else {
                 continue;
+            };
+            let spread = spread(&like);
+            let gated = match max_spread {
+                Some(max) => like.len() >= 2 && spread <= max,
+                None => true,
             };
             let (workload, pair) = key;
             let name = workload.split(' ').next().unwrap_or(workload);
@@ -269,15 +293,34 @@ pub fn against_baseline(
                 what: format!("{workload}: {pair} (invocation {})", short(&invocation)),
                 found: format!("{:.3}", ratio.value),
                 expected: format!(
-                    "{} {bound:.3} (baseline {expected:.3}, {} invocation(s))",
+                    "{} {bound:.3} (baseline {expected:.3}, {} invocation(s){})",
                     if higher_better { ">=" } else { "<=" },
-                    like.len()
+                    like.len(),
+                    if like.len() >= 2 {
+                        format!(", spread {:.1}%", spread * 100.0)
+                    } else {
+                        String::new()
+                    }
                 ),
                 ok,
+                gated,
             });
         }
     }
     out
+}
+
+/// How far apart values are: `max/min - 1` (0 for one value; infinite when they differ in sign or touch zero).
+fn spread(values: &[f64]) -> f64 {
+    let min = values.iter().copied().fold(f64::INFINITY, f64::min);
+    let max = values.iter().copied().fold(f64::NEG_INFINITY, f64::max);
+    if values.len() < 2 || min == max {
+        0.0
+    } else if min <= 0.0 {
+        f64::INFINITY
+    } else {
+        max / min - 1.0
+    }
 }
 
 fn short(invocation: &str) -> &str {
@@ -297,7 +340,13 @@ pub fn render(checks: &[Check]) -> String {
             c.what.clone(),
             c.found.clone(),
             c.expected.clone(),
-            if c.ok { "ok" } else { "FAIL" }.into(),
+            match (c.ok, c.gated) {
+                (true, true) => "ok",
+                (false, true) => "FAIL",
+                (true, false) => "ok (not gated)",
+                (false, false) => "worse (not gated)",
+            }
+            .into(),
         ]);
     }
     let mut t = b.build();
@@ -444,10 +493,43 @@ mod tests {
             run("y", "plain", 0, 10.0, 0.0),
             run("y", "sealed", 0, 10.0, 0.0),
         ];
-        let checks = against_baseline(&rs, &base, 0.02);
+        let checks = against_baseline(&rs, &base, 0.02, None);
         let c = checks.iter().find(|c| c.what.contains("sealed")).unwrap();
         assert!(!c.ok, "0.95 is worse than 1.0 by more than 2%");
-        assert!(against_baseline(&rs, &base, 0.10).iter().all(|c| c.ok));
+        assert!(against_baseline(&rs, &base, 0.10, None)
+            .iter()
+            .all(|c| c.ok));
+    }
+
+    #[test]
+    fn a_ratio_whose_reference_moves_is_reported_not_gated() {
+        let rs = [
+            run("x", "plain", 0, 100.0, 0.0),
+            run("x", "sealed", 0, 40.0, 0.0),
+        ];
+        // The reference holds sealed/plain at 0.9 and 1.0 (11% apart) in two invocations.
+        let base = [
+            run("a", "plain", 0, 10.0, 0.0),
+            run("a", "sealed", 0, 9.0, 0.0),
+            run("b", "plain", 0, 10.0, 0.0),
+            run("b", "sealed", 0, 10.0, 0.0),
+        ];
+        let gated = against_baseline(&rs, &base, 0.5, Some(0.2));
+        let c = gated.iter().find(|c| c.what.contains("sealed")).unwrap();
+        assert!(c.gated && c.fails(), "0.4 against 0.95 fails a gate of 50%");
+        assert!(c.expected.contains("spread 11.1%"), "{}", c.expected);
+        let noisy = against_baseline(&rs, &base, 0.5, Some(0.05));
+        let c = noisy.iter().find(|c| c.what.contains("sealed")).unwrap();
+        assert!(!c.ok && !c.gated && !c.fails());
+        assert!(render(&noisy).contains("worse (not gated)"));
+        // One invocation in the reference: its noise is unknown, so the ratio is gated only without a spread.
+        let one = against_baseline(&rs, &base[..2], 0.5, Some(1.0));
+        assert!(one.iter().all(|c| !c.gated));
+        assert!(against_baseline(&rs, &base[..2], 0.5, None)
+            .iter()
+            .any(|c| c.fails()));
+        assert_eq!(spread(&[1.0]), 0.0);
+        assert!(spread(&[0.0, 1.0]).is_infinite());
     }
 
     #[test]
@@ -479,7 +561,7 @@ mod tests {
         for r in &mut other {
             r.params = serde_json::json!({"orders": 5});
         }
-        assert!(against_baseline(&rs, &other, 0.1).is_empty());
+        assert!(against_baseline(&rs, &other, 0.1, None).is_empty());
     }
 
     #[test]

@@ -247,6 +247,7 @@ pub fn checks(results: &[RunResult]) -> Vec<Check> {
                 found: v.map(thousands).unwrap_or_else(|| "missing".into()),
                 expected: expected.into(),
                 ok: v.is_some_and(ok),
+                gated: true,
             });
         };
         check(
