@@ -357,18 +357,24 @@ fn render_sweep(workload: &str, sweep: &Sweep, results: &[&RunResult]) -> String
         if let Some(reason) = runs.iter().find_map(|r| r.skipped.as_deref()) {
             out.push_str(&format!("\n{t}: n/a: {reason}\n"));
         }
+        // One line per transport and reason, naming the swept values and rounds it applies to.
+        let mut reasons: Vec<(String, Vec<String>)> = Vec::new();
         for r in runs {
-            let flags = workloads::trust::flags(r);
-            if !flags.is_empty() {
-                let at = value(r).map_or(String::new(), |v| {
-                    format!(" at {} {}", sweep.key, thousands(v))
+            for flag in workloads::trust::flags(r) {
+                let at = value(r).map_or(format!("round {}", r.round), |v| {
+                    format!("{} {} round {}", sweep.key, thousands(v), r.round)
                 });
-                out.push_str(&format!(
-                    "\n{t}{at}, round {}: not to be trusted: {}\n",
-                    r.round,
-                    flags.join(", ")
-                ));
+                match reasons.iter_mut().find(|(f, _)| *f == flag) {
+                    Some((_, ats)) => ats.push(at),
+                    None => reasons.push((flag, vec![at])),
+                }
             }
+        }
+        for (flag, ats) in reasons {
+            out.push_str(&format!(
+                "\n{t}: not to be trusted: {flag} ({})\n",
+                ats.join(", ")
+            ));
         }
     }
     out.push('\n');
