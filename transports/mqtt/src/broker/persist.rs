@@ -10,6 +10,11 @@
 //! - `DIR/mqtt-sessions.log`: `MQJRNL01`, the generation of the snapshot it follows, then the records appended since
 //!   that snapshot. It is locked (`flock`) while a broker uses the directory, so two brokers never share one.
 //!
+//! Both hold client identifiers, subscriptions and queued messages: they are mode 0600, set on the open file
+//! whatever the umask or an older file's mode, and never opened through a symlink (`O_NOFOLLOW`). The temporary
+//! snapshot is created new (`O_EXCL`) after whatever had its name is removed, so a file or symlink planted there is
+//! never written through.
+//!
 //! # Start
 //!
 //! [`SessionStore::open`] reads the snapshot, then the journal if its generation is the snapshot's (an older one was
@@ -39,6 +44,7 @@ use super::state::{Broker as State, RestoreError};
 use std::fs::{File, OpenOptions};
 use std::io::Write;
 use std::os::fd::AsRawFd;
+use std::os::unix::fs::{OpenOptionsExt, PermissionsExt};
 use std::path::{Path, PathBuf};
 use std::sync::{mpsc, Arc};
 use tokio::sync::{oneshot, watch};
@@ -52,6 +58,15 @@ const JOURNAL_MAGIC: &[u8; 8] = b"MQJRNL01";
 const HEADER: usize = 16;
 /// The journal is compacted once it is larger than this and than twice the last snapshot.
 const COMPACT_MIN: usize = 8 << 20;
+/// The mode of both files: only the broker's user reads them.
+const FILE_MODE: u32 = 0o600;
+
+/// Set [`FILE_MODE`] on an open file: the umask may have narrowed the mode asked at creation, and a file made by an
+/// older version (or by hand) may be readable by others.
+fn private(f: File) -> std::io::Result<File> {
+    f.set_permissions(std::fs::Permissions::from_mode(FILE_MODE))?;
+    Ok(f)
+}
 
 /// Why the session files could not be used.
 #[derive(Debug, thiserror::Error)]
@@ -134,7 +149,10 @@ impl SessionStore {
             .read(true)
             .append(true)
             .create(true)
+            .mode(FILE_MODE)
+            .custom_flags(libc::O_NOFOLLOW | libc::O_CLOEXEC)
             .open(&log_path)
+            .and_then(private)
             .map_err(io_err(&log_path))?;
         // SAFETY: flock on a descriptor we own.
         if unsafe { libc::flock(log.as_raw_fd(), libc::LOCK_EX | libc::LOCK_NB) } != 0 {
@@ -341,7 +359,20 @@ fn install(
 ) -> Result<(), PersistError> {
     let tmp = dir.join(format!("{SNAPSHOT_FILE}.tmp"));
     let path = dir.join(SNAPSHOT_FILE);
-    let mut f = File::create(&tmp).map_err(io_err(&tmp))?;
+    // Left by a crash, or planted: removed (a symlink itself, never its target), then created anew.
+    if let Err(e) = std::fs::remove_file(&tmp) {
+        if e.kind() != std::io::ErrorKind::NotFound {
+            return Err(io_err(&tmp)(e));
+        }
+    }
+    let mut f = OpenOptions::new()
+        .write(true)
+        .create_new(true)
+        .mode(FILE_MODE)
+        .custom_flags(libc::O_NOFOLLOW | libc::O_CLOEXEC)
+        .open(&tmp)
+        .and_then(private)
+        .map_err(io_err(&tmp))?;
     f.write_all(&header(SNAPSHOT_MAGIC, generation))
         .and_then(|()| f.write_all(snapshot))
         .and_then(|()| f.sync_all())

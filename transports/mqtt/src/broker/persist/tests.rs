@@ -177,3 +177,44 @@ async fn a_growing_journal_is_compacted_into_a_new_snapshot() {
     let (restored, _) = run(dir.path(), |_| {}).await;
     assert_eq!(restored.snapshot(), s.snapshot());
 }
+
+#[tokio::test]
+async fn the_session_files_are_private_and_never_written_through_a_planted_symlink() {
+    use std::os::unix::fs::PermissionsExt;
+    let mode = |p: &Path| std::fs::metadata(p).unwrap().permissions().mode() & 0o777;
+    let dir = tempfile::tempdir().unwrap();
+    let state_dir = dir.path().join("state");
+    std::fs::create_dir(&state_dir).unwrap();
+    // Someone who could write the directory planted the temporary snapshot's name, pointing at a file of theirs,
+    // and left a journal readable by everyone.
+    let victim = dir.path().join("victim");
+    std::fs::write(&victim, b"keep me").unwrap();
+    std::os::unix::fs::symlink(&victim, state_dir.join(format!("{SNAPSHOT_FILE}.tmp"))).unwrap();
+    let journal = state_dir.join(JOURNAL_FILE);
+    std::fs::write(&journal, b"").unwrap();
+    std::fs::set_permissions(&journal, std::fs::Permissions::from_mode(0o644)).unwrap();
+    run(&state_dir, make_session).await;
+    assert_eq!(std::fs::read(&victim).unwrap(), b"keep me");
+    assert_eq!(mode(&victim), 0o644, "the target's mode is untouched");
+    for file in [SNAPSHOT_FILE, JOURNAL_FILE] {
+        let path = state_dir.join(file);
+        assert!(!std::fs::symlink_metadata(&path)
+            .unwrap()
+            .file_type()
+            .is_symlink());
+        assert_eq!(mode(&path), 0o600, "{file}");
+    }
+    assert!(!state_dir.join(format!("{SNAPSHOT_FILE}.tmp")).exists());
+    // The sessions written that way come back.
+    let (s, recovery) = run(&state_dir, |_| {}).await;
+    assert!(recovery.snapshot_records > 0);
+    assert_eq!(s.stats().sessions, 1);
+    // A symlink in place of the journal is refused, not followed.
+    let other = tempfile::tempdir().unwrap();
+    std::os::unix::fs::symlink(&victim, other.path().join(JOURNAL_FILE)).unwrap();
+    assert!(matches!(
+        SessionStore::open(other.path(), &mut state()),
+        Err(PersistError::Io { .. })
+    ));
+    assert_eq!(std::fs::read(&victim).unwrap(), b"keep me");
+}
