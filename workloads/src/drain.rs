@@ -106,6 +106,7 @@ const INFO: Info = Info {
         Metric { key: "steady_s", unit: "s", about: "the steady part's length" },
         Metric { key: "steady_groups", unit: "count", about: "group commits in the steady part" },
         Metric { key: "server_cpu_us_per_order", unit: "µs", about: "server CPU per order over the steady part" },
+        Metric { key: "generator_cpu_us_per_order", unit: "µs", about: "load generator CPU per order over the steady part (taking answers; the backlog was made before)" },
         Metric { key: "server_busy", unit: "fraction", about: "server CPU over the steady part / its length (1: never waited)" },
         Metric { key: "server_cpu_wait", unit: "fraction", about: "time the server's threads could run but had no CPU, over the steady part / its length" },
         Metric { key: "drain_s", unit: "s", about: "SIGCONT to the last answer" },
@@ -124,6 +125,7 @@ const INFO: Info = Info {
         Column::new("orders/s, median (min-max)", "orders_per_second", Format::Count).higher(),
         Column::new("orders/s, each round", "orders_per_second", Format::Rounds).higher(),
         Column::new("server CPU µs/order", "server_cpu_us_per_order", Format::Decimal).lower(),
+        Column::new("generator CPU µs/order", "generator_cpu_us_per_order", Format::Decimal),
         Column::new("server busy", "server_busy", Format::Decimal),
         Column::new("server waited for its CPU", "server_cpu_wait", Format::Decimal),
         Column::new("generator busy", "generator_busy", Format::Decimal),
@@ -331,6 +333,10 @@ async fn drain(run: &mut Run<'_>, params: &DrainParams) -> Result<(), WorkloadEr
     run.metric(
         "server_cpu_us_per_order",
         server_cpu * 1e6 / steady.orders.max(1) as f64,
+    );
+    run.metric(
+        "generator_cpu_us_per_order",
+        client_cpu * 1e6 / steady.orders.max(1) as f64,
     );
     run.metric("server_busy", server_cpu / wall);
     run.metric("server_cpu_wait", server_wait / wall);
