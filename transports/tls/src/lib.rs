@@ -626,10 +626,15 @@ pub fn client_config(
 // The peer's identity
 // ---------------------------------------------------------------------------------------------------------------
 
-/// The common name of the first (end-entity) certificate of a verified peer chain: on the server, the device's name.
-/// `None` if there is no certificate or it has no readable common name.
+/// The device a verified peer chain names: the common name of its first (end-entity) certificate, if it is a
+/// device's name as [`device_name`] writes it (`dev-N`). Only those names map one-to-one onto sender numbers
+/// (`dev-N` is sender `N`); [`transport_core::sender_id`] hashes any other name, and two hashed names could share one
+/// number in the store's exactly-once key, each seeing the other's orders as already applied. `None` for any other
+/// name, no certificate, or no readable common name: the servers refuse such a peer as having no identity.
 pub fn peer_device(certs: &[CertificateDer<'_>]) -> Option<String> {
-    common_name(certs.first()?.as_ref())
+    let name = common_name(certs.first()?.as_ref())?;
+    let n = name.strip_prefix("dev-")?.parse::<u32>().ok()?;
+    (device_name(n) == name).then_some(name)
 }
 
 /// One DER element: (tag, contents, rest). Definite lengths only, at most four length bytes.
@@ -967,15 +972,10 @@ mod tests {
     #[test]
     fn common_names_are_read_back() {
         let ca = Authority::new("x").unwrap();
-        for name in ["dev-0", "dev-9999", "sensor with spaces"] {
-            let (cert, _) = ca.issue(name, false).unwrap();
-            assert_eq!(peer_device(&[cert.der().clone()]).as_deref(), Some(name));
+        for name in ["dev-0", "dev-9999", "sensor with spaces", SERVER_NAME] {
+            let (cert, _) = ca.issue(name, name == SERVER_NAME).unwrap();
+            assert_eq!(common_name(cert.der()).as_deref(), Some(name));
         }
-        let (cert, _) = ca.issue(SERVER_NAME, true).unwrap();
-        assert_eq!(
-            peer_device(&[cert.der().clone()]).as_deref(),
-            Some(SERVER_NAME)
-        );
         assert_eq!(peer_device(&[]), None);
         assert_eq!(
             peer_device(&[CertificateDer::from(vec![0x30, 0x82, 0xff])]),
@@ -985,6 +985,32 @@ mod tests {
         let (cert, _) = ca.issue("dev-1", false).unwrap();
         for n in 0..cert.der().len() {
             let _ = common_name(&cert.der()[..n]);
+        }
+    }
+
+    #[test]
+    fn only_device_names_are_peer_identities() {
+        // A name other than `dev-N` would get a hashed sender number that another name could share in the
+        // exactly-once key: even from the run's CA, it is no identity.
+        let ca = Authority::new("x").unwrap();
+        for name in ["dev-0", "dev-7", "dev-4294967295"] {
+            let (cert, _) = ca.issue(name, false).unwrap();
+            let device = peer_device(&[cert.der().clone()]);
+            assert_eq!(device.as_deref(), Some(name));
+            assert!(transport_core::sender_id(name) < 1 << 32, "{name}");
+        }
+        for name in [
+            "sensor-7",
+            "dev-07",
+            "dev-+7",
+            "dev-",
+            "dev-4294967296",
+            "DEV-7",
+            " dev-7",
+            SERVER_NAME,
+        ] {
+            let (cert, _) = ca.issue(name, name == SERVER_NAME).unwrap();
+            assert_eq!(peer_device(&[cert.der().clone()]), None, "{name:?}");
         }
     }
 

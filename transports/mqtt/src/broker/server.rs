@@ -369,7 +369,8 @@ async fn handle(
                 .peer_certificates()
                 .and_then(transport_tls::peer_device);
             if identity.is_none() {
-                // A verified certificate without a readable common name has no identity to serve.
+                // A verified certificate whose common name is not a device's name (`dev-N`) has no identity to
+                // serve: only those names are sender numbers of their own (`transport_tls::peer_device`).
                 Counters::inc(&shared.counters.refused_unknown);
                 return;
             }
