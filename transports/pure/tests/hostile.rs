@@ -11,6 +11,7 @@ use transport_core::{Counters, Order, OrderId, QoS};
 use transport_pure::crypto::{
     check_public, link_secret, put_record, LowOrderKey, NodeKey, WireKeys,
 };
+use transport_pure::receiver::MAX_SETUPS_PER_DATAGRAM;
 use transport_pure::sender::{Sender, SenderEvent};
 use transport_pure::wire::{self, KeyId, Kind, Op, MADE_LEN, MAX_DATAGRAM, TAG_LEN};
 
@@ -497,6 +498,59 @@ fn forged_setups_cost_one_setup_per_datagram_and_none_when_repeated() {
         r.handle(Instant::now(), from(), &d);
         assert_eq!(r.take_deliveries().0.len(), 1);
     }
+}
+
+#[test]
+fn a_full_datagram_of_honest_setups_stays_within_the_cap_and_a_forgery_after_them_ends_it() {
+    let mut rng = StdRng::seed_from_u64(30);
+    let keys = Keys::new(2, &mut rng);
+    let counters = Arc::new(Counters::default());
+    let mut r = keys.receiver(Kind::HpkePerRequest, 1, 16, &counters);
+    // A device's datagram as full as it packs it: per-request records with the smallest payload, a setup each.
+    let mut device = keys.sender(Kind::HpkePerRequest, 0, 8, &Arc::new(Counters::default()));
+    let now = Instant::now();
+    for seq in 0..64 {
+        device.push(now, order(0, 9, seq, 0));
+    }
+    let mut datagram = Vec::new();
+    assert!(device.poll_transmit(now, &mut datagram));
+    assert!(datagram.len() <= MAX_DATAGRAM);
+    r.handle(now, from(), &datagram);
+    let honest = r.take_deliveries().0.len();
+    assert!(
+        (2..=MAX_SETUPS_PER_DATAGRAM).contains(&honest),
+        "{honest} records in one datagram, the cap is {MAX_SETUPS_PER_DATAGRAM}"
+    );
+    assert_eq!(counters.snapshot().x25519, 2 * honest as u64);
+    // The same honest records followed by forgeries in other devices' names: the first forgery ends the datagram's
+    // setups, whatever room is left under the cap.
+    let (_, mut mixed) = record_of(Kind::HpkePerRequest, &keys, 0, 0);
+    let before = counters.snapshot();
+    for _ in 0..3 {
+        let mut enc = [0u8; 32];
+        rng.fill(&mut enc[..]);
+        let body: Vec<u8> = (0..MADE_LEN + TAG_LEN).map(|_| rng.random()).collect();
+        let key_id = keys.devices[1].key_id();
+        wire::put_record_header(
+            &mut mixed,
+            Kind::HpkePerRequest,
+            Op::Order,
+            &key_id,
+            3,
+            0,
+            &enc,
+            body.len(),
+        );
+        mixed.extend_from_slice(&body);
+    }
+    r.handle(now, from(), &mixed);
+    assert_eq!(r.take_deliveries().0.len(), 1, "the honest record opens");
+    let c = counters.snapshot().since(&before);
+    assert_eq!(
+        (c.refused_forged, c.x25519),
+        (3, 4),
+        "one honest setup, one forged, then none"
+    );
 }
 
 /// The points of small order on Curve25519 and its twist, as encoded u-coordinates (RFC 7748 section 6.1;
