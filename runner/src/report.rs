@@ -265,6 +265,8 @@ fn latency_table(results: &[&RunResult]) -> String {
             }
         }
     }
+    // A histogram with no sample says nothing (a store that never synced): leave it out.
+    merged.retain(|(_, _, h)| !h.is_empty());
     if merged.is_empty() {
         return String::new();
     }
