@@ -147,10 +147,7 @@ pub async fn run(
             d.clone()
         }
         None => {
-            temp = tempfile::Builder::new()
-                .prefix("runner-")
-                .tempdir()
-                .context("creating a temporary work directory")?;
+            temp = private_work_dir().context("creating a temporary work directory")?;
             temp.path().to_path_buf()
         }
     };
@@ -272,9 +269,37 @@ fn summary(workload: &dyn AnyWorkload, r: &RunResult) -> String {
         .join(" ")
 }
 
+/// The work directory of a run given no `--work-dir`: a new directory with a random name under the system's
+/// temporary directory (created, never an existing one or a symlink planted there), mode 0700 so that no other user
+/// reads the stores and session files the runs keep in it (`tempfile` alone would leave the umask's 0755).
+fn private_work_dir() -> std::io::Result<tempfile::TempDir> {
+    use std::os::unix::fs::PermissionsExt;
+    tempfile::Builder::new()
+        .prefix("runner-")
+        .permissions(std::fs::Permissions::from_mode(0o700))
+        .tempdir()
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn the_temporary_work_directory_is_new_and_private() {
+        use std::os::unix::fs::PermissionsExt;
+        let (a, b) = (private_work_dir().unwrap(), private_work_dir().unwrap());
+        assert_ne!(a.path(), b.path(), "a random name, not the pid");
+        for dir in [&a, &b] {
+            let meta = std::fs::symlink_metadata(dir.path()).unwrap();
+            assert!(meta.is_dir());
+            assert_eq!(
+                meta.permissions().mode() & 0o777,
+                0o700,
+                "{}",
+                dir.path().display()
+            );
+        }
+    }
 
     #[test]
     fn rounds_rotate_the_order() {
