@@ -3,7 +3,8 @@
 //!
 //! A result is not to be trusted when the run failed (its error), when it timed out or left orders unanswered, when
 //! fewer orders were acknowledged than made, when the store lost an acknowledged order or applied one twice, when
-//! the load generator was the limit (`generator_bound`, see [`crate::lag`]), when the store synced on a memory
+//! the load generator was the limit (`generator_bound`, see [`crate::lag`]; for a restart also when it was busy
+//! through the 10 s after the restart, the window its reconnect columns measure), when the store synced on a memory
 //! filesystem (a sync there is free and proves nothing, see [`crate::durability`]), or when its durability is not on
 //! record (results of older versions).
 
@@ -44,6 +45,17 @@ pub fn flags(r: &RunResult) -> Vec<String> {
     }
     if nonzero("generator_bound").is_some() {
         out.push(GENERATOR_BOUND.into());
+    } else if let Some(busy) = busy_after_restart(r) {
+        // A restart is judged where it matters too: the reconnect storm in the 10 s after the restart, which its
+        // "after" columns measure, can saturate the generator while its average over the whole run stays low.
+        if busy >= crate::lag::BUSY_LIMIT {
+            out.push(format!(
+                "{GENERATOR_BOUND} after the restart (busy {:.0}% of {} CPU(s) in the {} s after it)",
+                busy * 100.0,
+                r.provenance.pinning.generator_cpu_count(),
+                crate::restart::AFTER.as_secs()
+            ));
+        }
     }
     match &r.durability {
         Some(d) if d.volatile_sync() => {
@@ -55,6 +67,16 @@ pub fn flags(r: &RunResult) -> Vec<String> {
         None => {}
     }
     out
+}
+
+/// The fraction of its CPUs a restart's load generator used in the window after the restart.
+fn busy_after_restart(r: &RunResult) -> Option<f64> {
+    if r.workload != "restart" {
+        return None;
+    }
+    let cpu = r.metric("client_cpu_s_after")?;
+    let cpus = r.provenance.pinning.generator_cpu_count().max(1) as f64;
+    Some(cpu / crate::restart::AFTER.as_secs_f64() / cpus)
 }
 
 /// Whether nothing says `r`'s numbers cannot be trusted.
@@ -121,5 +143,28 @@ mod tests {
         assert!(flags(&failed)[0].starts_with("error: "));
         failed.skipped = Some("n/a".into());
         assert!(trusted(&failed));
+    }
+
+    #[test]
+    fn a_restart_whose_generator_was_busy_after_the_restart_is_generator_bound() {
+        let mut r = result(&[("client_cpu_s_after", 9.8), ("generator_bound", 0.0)]);
+        r.workload = "restart".into();
+        r.provenance.pinning.generator_cpus = vec![1];
+        let f = flags(&r);
+        assert_eq!(f.len(), 1, "{f:?}");
+        assert!(
+            f[0].starts_with(GENERATOR_BOUND) && f[0].contains("98%"),
+            "{f:?}"
+        );
+        // Half as busy: trusted. Two CPUs for the generator: the same CPU time is half of what it had.
+        r.metrics.insert("client_cpu_s_after".into(), 4.9.into());
+        assert!(trusted(&r));
+        r.metrics.insert("client_cpu_s_after".into(), 9.8.into());
+        r.provenance.pinning.generator_cpus = vec![1, 2];
+        assert!(trusted(&r));
+        // Other workloads have no such window.
+        r.workload = "drain".into();
+        r.provenance.pinning.generator_cpus = vec![1];
+        assert!(trusted(&r));
     }
 }
