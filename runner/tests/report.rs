@@ -490,12 +490,17 @@ fn fill_renews_the_tables_of_a_page_and_keeps_its_commentary() {
 }
 
 #[test]
-fn docs_results_md_holds_exactly_what_its_results_folder_gives() {
-    let page = Path::new(env!("CARGO_MANIFEST_DIR")).join("../docs/results.md");
-    let out = runner(&["report", "--fill", page.to_str().unwrap(), "--check"]);
-    assert!(
-        out.status.success(),
-        "docs/results.md's tables are generated (docs/report.md, \"Generated pages\"): {}",
-        String::from_utf8_lossy(&out.stderr)
-    );
+fn generated_pages_hold_exactly_what_their_results_folder_gives() {
+    for page in ["results.md", "security.md"] {
+        let page = Path::new(env!("CARGO_MANIFEST_DIR"))
+            .join("../docs")
+            .join(page);
+        let out = runner(&["report", "--fill", page.to_str().unwrap(), "--check"]);
+        assert!(
+            out.status.success(),
+            "{}'s tables are generated (docs/report.md, \"Generated pages\"): {}",
+            page.display(),
+            String::from_utf8_lossy(&out.stderr)
+        );
+    }
 }
