@@ -79,18 +79,25 @@ fn transport(args: &ServeArgs) -> Result<Box<dyn Transport>> {
 /// another transport ignores it. Never set it for a measurement.
 pub const HANDICAP_ENV: &str = "RUNNER_HANDICAP";
 
-/// The handicap for `spec` from [`HANDICAP_ENV`]: none if unset or for another transport.
+/// The handicap for `spec` from [`HANDICAP_ENV`] (`SPEC:MICROSECONDS`, several separated by commas): none if unset
+/// or for another transport.
 fn handicap(spec: &str) -> Result<Option<Duration>> {
     let Ok(value) = std::env::var(HANDICAP_ENV) else {
         return Ok(None);
     };
-    let (target, us) = value
-        .rsplit_once(':')
-        .with_context(|| format!("{HANDICAP_ENV}={value}: expected SPEC:MICROSECONDS"))?;
-    let us: u64 = us
-        .parse()
-        .with_context(|| format!("{HANDICAP_ENV}={value}: {us} is not a number of microseconds"))?;
-    Ok((target == spec).then(|| Duration::from_micros(us)))
+    let mut found = None;
+    for entry in value.split(',') {
+        let (target, us) = entry.rsplit_once(':').with_context(|| {
+            format!("{HANDICAP_ENV}={value}: expected SPEC:MICROSECONDS[,SPEC:MICROSECONDS...]")
+        })?;
+        let us: u64 = us.parse().with_context(|| {
+            format!("{HANDICAP_ENV}={value}: {us} is not a number of microseconds")
+        })?;
+        if target == spec {
+            found = Some(Duration::from_micros(us));
+        }
+    }
+    Ok(found)
 }
 
 /// A store that burns `per_order` of CPU on the calling thread for each order before committing ([`HANDICAP_ENV`]).
