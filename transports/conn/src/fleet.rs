@@ -187,14 +187,17 @@ impl Default for Policy {
 }
 
 /// What the fleet hands to a device's task.
+/// Where a device answers a command that waits for it.
+type Reply = oneshot::Sender<Result<(), TransportError>>;
+
 enum Command {
     Order(Order),
-    Connect(oneshot::Sender<Result<(), TransportError>>),
-    Disconnect(oneshot::Sender<Result<(), TransportError>>),
+    Connect(Reply),
+    Disconnect(Reply),
     Subscribe {
         channel: u32,
         qos: QoS,
-        reply: oneshot::Sender<Result<(), TransportError>>,
+        reply: Reply,
     },
     Publish(Publish),
 }
@@ -312,6 +315,25 @@ impl<C: Connector> ConnFleet<C> {
         mailbox.notify.notify_one();
         Ok(())
     }
+
+    /// Post the command `make` builds around a reply channel, and wait for the device's reply.
+    fn request(
+        &self,
+        device: u32,
+        make: impl FnOnce(Reply) -> Command,
+    ) -> BoxFuture<'_, Result<(), TransportError>> {
+        let (reply, rx) = oneshot::channel();
+        let posted = self.post(device, make(reply));
+        Box::pin(async move {
+            if posted.is_err() {
+                return Err(TransportError::Config(format!(
+                    "no device {device} in this fleet"
+                )));
+            }
+            rx.await
+                .unwrap_or_else(|_| Err(TransportError::Protocol("the fleet is closed".into())))
+        })
+    }
 }
 
 impl Shared {
@@ -324,31 +346,11 @@ impl Shared {
 
 impl<C: Connector> Fleet for ConnFleet<C> {
     fn connect(&self, device: u32) -> BoxFuture<'_, Result<(), TransportError>> {
-        let (tx, rx) = oneshot::channel();
-        let posted = self.post(device, Command::Connect(tx));
-        Box::pin(async move {
-            if posted.is_err() {
-                return Err(TransportError::Config(format!(
-                    "no device {device} in this fleet"
-                )));
-            }
-            rx.await
-                .unwrap_or_else(|_| Err(TransportError::Protocol("the fleet is closed".into())))
-        })
+        self.request(device, Command::Connect)
     }
 
     fn disconnect(&self, device: u32) -> BoxFuture<'_, Result<(), TransportError>> {
-        let (tx, rx) = oneshot::channel();
-        let posted = self.post(device, Command::Disconnect(tx));
-        Box::pin(async move {
-            if posted.is_err() {
-                return Err(TransportError::Config(format!(
-                    "no device {device} in this fleet"
-                )));
-            }
-            rx.await
-                .unwrap_or_else(|_| Err(TransportError::Protocol("the fleet is closed".into())))
-        })
+        self.request(device, Command::Disconnect)
     }
 
     fn send(&self, device: u32, order: Order) {
@@ -369,23 +371,10 @@ impl<C: Connector> Fleet for ConnFleet<C> {
         channel: u32,
         qos: QoS,
     ) -> BoxFuture<'_, Result<(), TransportError>> {
-        let (reply, rx) = oneshot::channel();
-        let posted = self.post(
-            device,
-            Command::Subscribe {
-                channel,
-                qos,
-                reply,
-            },
-        );
-        Box::pin(async move {
-            if posted.is_err() {
-                return Err(TransportError::Config(format!(
-                    "no device {device} in this fleet"
-                )));
-            }
-            rx.await
-                .unwrap_or_else(|_| Err(TransportError::Protocol("the fleet is closed".into())))
+        self.request(device, |reply| Command::Subscribe {
+            channel,
+            qos,
+            reply,
         })
     }
 
