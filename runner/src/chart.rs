@@ -681,51 +681,45 @@ fn percentiles(
                 .y_label_area_size(64);
             let x = (1.0..x_max).log_scale();
             let formatter = |x: &f64| percentile_label(*x);
+            // The same drawing on either y axis (their coordinate types differ, so a macro rather than a function).
+            macro_rules! draw {
+                ($chart:expr, $y_desc:expr) => {{
+                    let mut chart = $chart;
+                    chart
+                        .configure_mesh()
+                        .x_label_formatter(&formatter)
+                        .x_desc("percentile")
+                        .y_desc($y_desc)
+                        .y_label_formatter(&axis)
+                        .light_line_style(WHITE.mix(0.0))
+                        .draw()?;
+                    for (t, points, _) in &series {
+                        look.line(&mut chart, points.clone(), t, 2)?;
+                    }
+                    chart
+                        .configure_series_labels()
+                        .position(SeriesLabelPosition::UpperLeft)
+                        .border_style(BLACK.mix(0.3))
+                        .background_style(WHITE.mix(0.9))
+                        .label_font((FONT, 12))
+                        .draw()?;
+                }};
+            }
             if spread > 20.0 {
                 let bottom = all()
                     .map(|p| p.1)
                     .filter(|v| *v > 0.0)
                     .fold(f64::INFINITY, f64::min)
                     * 0.8;
-                let mut chart = builder.build_cartesian_2d(x, (bottom..top * 1.5).log_scale())?;
-                chart
-                    .configure_mesh()
-                    .x_label_formatter(&formatter)
-                    .x_desc("percentile")
-                    .y_desc("latency, ms (log scale)")
-                    .y_label_formatter(&axis)
-                    .light_line_style(WHITE.mix(0.0))
-                    .draw()?;
-                for (t, points, _) in &series {
-                    look.line(&mut chart, points.clone(), t, 2)?;
-                }
-                chart
-                    .configure_series_labels()
-                    .position(SeriesLabelPosition::UpperLeft)
-                    .border_style(BLACK.mix(0.3))
-                    .background_style(WHITE.mix(0.9))
-                    .label_font((FONT, 12))
-                    .draw()?;
+                draw!(
+                    builder.build_cartesian_2d(x, (bottom..top * 1.5).log_scale())?,
+                    "latency, ms (log scale)"
+                );
             } else {
-                let mut chart = builder.build_cartesian_2d(x, 0.0..top * 1.1)?;
-                chart
-                    .configure_mesh()
-                    .x_label_formatter(&formatter)
-                    .x_desc("percentile")
-                    .y_desc("latency, ms")
-                    .y_label_formatter(&axis)
-                    .light_line_style(WHITE.mix(0.0))
-                    .draw()?;
-                for (t, points, _) in &series {
-                    look.line(&mut chart, points.clone(), t, 2)?;
-                }
-                chart
-                    .configure_series_labels()
-                    .position(SeriesLabelPosition::UpperLeft)
-                    .border_style(BLACK.mix(0.3))
-                    .background_style(WHITE.mix(0.9))
-                    .label_font((FONT, 12))
-                    .draw()?;
+                draw!(
+                    builder.build_cartesian_2d(x, 0.0..top * 1.1)?,
+                    "latency, ms"
+                );
             }
             root.present()?;
         }
