@@ -5,10 +5,12 @@
 //!
 //! - Each device has one connection with its own identity, opened when the device first has something to do
 //!   ([`Fleet::connect`] or its first order) and opened again whenever it drops.
-//! - Orders go out as soon as they are handed over, each on its own request ([`Connector::send_order`]); several may
-//!   be in flight on one connection.
-//! - An order with no answer within [`Policy::answer_timeout`] (1 s), or whose connection drops, is sent again on a
-//!   **new** connection: the old one is closed, a new handshake made, every unanswered order sent again. On a new
+//! - Orders go out as soon as they are handed over, each on its own request ([`Connector::send_order`]), up to the
+//!   connection's window ([`Connector::window`], a QUIC server's stream limit); the rest wait in the device, in the
+//!   order they were made, and go as answers make room.
+//! - An order with no answer within [`Policy::answer_timeout`] (1 s) of being sent, or whose connection drops, is
+//!   sent again on a **new** connection: the old one is closed, a new handshake made, every unanswered order sent
+//!   again. On a new
 //!   connection that has not answered anything yet, the first answer may take up to [`Policy::connect_timeout`]:
 //!   until then the handshake is not known to be complete on the server's side.
 //! - A failed connection attempt, or a connection that drops before it has answered anything, is retried after a
@@ -85,6 +87,14 @@ pub trait Connector: Send + Sync + 'static {
         conn: &Self::Conn,
         order: &Order,
     ) -> BoxFuture<'static, Result<Answer, TransportError>>;
+
+    /// How many orders one connection carries at once: the fleet sends no more than this on a connection, the rest
+    /// wait in the device, and an order's answer timeout starts when it is sent. It should match what the server
+    /// allows (a QUIC server's stream limit), so an order is never sent only to wait inside the library. The
+    /// default: no limit.
+    fn window(&self) -> usize {
+        usize::MAX
+    }
 
     /// A future that resolves when `conn` is closed, by either side or by a timeout or reset.
     fn closed(&self, conn: &Self::Conn) -> BoxFuture<'static, ()>;
@@ -675,10 +685,11 @@ impl<C: Connector> Device<C> {
     fn send_unsent(&mut self) {
         let Some(conn) = &self.conn else { return };
         let generation = self.generation;
+        let window = self.connector.window();
         let (connector, counters, in_flight) =
             (&self.connector, &self.shared.counters, &mut self.in_flight);
         self.outstanding
-            .send_unsent(generation, Instant::now(), |order, again| {
+            .send_unsent(generation, window, Instant::now(), |order, again| {
                 if again {
                     Counters::inc(&counters.resent_reconnect);
                 }

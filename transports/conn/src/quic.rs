@@ -51,6 +51,10 @@ pub const KEEP_ALIVE: Duration = Duration::from_secs(10);
 /// timeout). A handshake given up is counted in `timed_out`.
 pub const HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(10);
 
+/// How many bidirectional streams a QUIC server lets a device have open at once: quinn's and s2n-quic's default,
+/// which both servers keep. A device sends no more orders at once than this ([`crate::fleet::Connector::window`]).
+pub const STREAMS_PER_CONNECTION: usize = 100;
+
 /// What both QUIC transports can do.
 pub fn capabilities() -> Capabilities {
     Capabilities {

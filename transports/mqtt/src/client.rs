@@ -359,8 +359,16 @@ fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
     m.lock().unwrap_or_else(|e| e.into_inner())
 }
 
+/// How many orders a device has in flight on one connection at most: half of MQTT's 65,535 packet identifiers
+/// (an unacknowledged QoS 1 PUBLISH holds one), the rest left for the connection's publishes and subscriptions.
+pub const ORDER_WINDOW: usize = 1 << 15;
+
 impl Connector for OrderConnector {
     type Conn = OrderConn;
+
+    fn window(&self) -> usize {
+        ORDER_WINDOW
+    }
 
     fn connect(&self, device: u32) -> BoxFuture<'_, Result<OrderConn, TransportError>> {
         Box::pin(async move {

@@ -181,6 +181,10 @@ impl Connector for QuinnConnector {
         crate::resume::resumed(&conn.conn)
     }
 
+    fn window(&self) -> usize {
+        quic::STREAMS_PER_CONNECTION
+    }
+
     fn closed(&self, conn: &QuinnConn) -> BoxFuture<'static, ()> {
         let conn = conn.conn.clone();
         Box::pin(async move {

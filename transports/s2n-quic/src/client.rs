@@ -185,6 +185,10 @@ impl Connector for S2nConnector {
         })
     }
 
+    fn window(&self) -> usize {
+        quic::STREAMS_PER_CONNECTION
+    }
+
     fn closed(&self, conn: &S2nConn) -> BoxFuture<'static, ()> {
         Box::pin(conn.closed.clone())
     }

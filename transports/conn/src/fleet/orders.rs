@@ -28,6 +28,9 @@ pub(super) struct Orders {
     /// Every send, in time order: `(when, id, generation)`; a record is stale once its order was answered, sent
     /// again, or its connection dropped, and is skipped then.
     sends: VecDeque<(Instant, OrderId, u64)>,
+    /// How many orders are sent on `generation` and not answered: at most the window given to
+    /// [`Orders::send_unsent`].
+    in_flight: usize,
 }
 
 impl Orders {
@@ -60,25 +63,37 @@ impl Orders {
         self.by_id.clear();
         self.unsent.clear();
         self.sends.clear();
+        self.in_flight = 0;
         n
     }
 
     /// Answered: forget it. Whether it was here (an order is answered once).
     pub(super) fn remove(&mut self, id: &OrderId) -> bool {
-        self.by_id.remove(id).is_some()
+        match self.by_id.remove(id) {
+            Some(e) => {
+                if e.sent_on == self.generation && e.sent_at.is_some() {
+                    self.in_flight -= 1;
+                }
+                true
+            }
+            None => false,
+        }
     }
 
-    /// Hand every order not yet sent on connection `generation` to `send`, with whether it had been sent before
-    /// (on an earlier connection), and note when.
+    /// Hand orders not yet sent on connection `generation` to `send`, in the order they were made, until `window`
+    /// of them are in flight on it, with whether each had been sent before (on an earlier connection), and note
+    /// when: an order's answer is awaited from the moment it is sent, never while it waits for room.
     pub(super) fn send_unsent(
         &mut self,
         generation: u64,
+        window: usize,
         now: Instant,
         mut send: impl FnMut(&Order, bool),
     ) {
         if generation != self.generation {
             // A new connection: everything goes again, in the order it was made.
             self.generation = generation;
+            self.in_flight = 0;
             let mut all: Vec<(u64, OrderId)> = self
                 .by_id
                 .iter()
@@ -88,7 +103,10 @@ impl Orders {
             all.sort_unstable();
             self.unsent = all.into_iter().map(|(_, id)| id).collect();
         }
-        while let Some(id) = self.unsent.pop_front() {
+        while self.in_flight < window {
+            let Some(id) = self.unsent.pop_front() else {
+                break;
+            };
             let Some(e) = self.by_id.get_mut(&id) else {
                 continue; // answered meanwhile
             };
@@ -98,6 +116,7 @@ impl Orders {
             let again = e.sent_on != 0;
             e.sent_on = generation;
             e.sent_at = Some(now);
+            self.in_flight += 1;
             self.sends.push_back((now, id, generation));
             send(&e.order, again);
         }
@@ -122,6 +141,7 @@ impl Orders {
             e.sent_at = None;
         }
         self.sends.clear();
+        self.in_flight = 0;
     }
 }
 
@@ -143,8 +163,17 @@ mod tests {
     }
 
     fn sent(o: &mut Orders, generation: u64, now: Instant) -> Vec<(u64, bool)> {
+        sent_within(o, generation, usize::MAX, now)
+    }
+
+    fn sent_within(
+        o: &mut Orders,
+        generation: u64,
+        window: usize,
+        now: Instant,
+    ) -> Vec<(u64, bool)> {
         let mut out = Vec::new();
-        o.send_unsent(generation, now, |order, again| {
+        o.send_unsent(generation, window, now, |order, again| {
             out.push((order.id.seq, again))
         });
         out
@@ -189,5 +218,38 @@ mod tests {
         assert_eq!(o.oldest_sent(), Some(t0 + Duration::from_millis(10)));
         o.remove(&order(1).id);
         assert_eq!(o.oldest_sent(), None);
+    }
+
+    #[test]
+    fn no_more_than_the_window_is_in_flight_and_each_answer_makes_room_for_one() {
+        let t0 = Instant::now();
+        let t1 = t0 + Duration::from_millis(500);
+        let mut o = Orders::default();
+        for seq in 0..5 {
+            o.push(order(seq));
+        }
+        assert_eq!(sent_within(&mut o, 1, 2, t0), [(0, false), (1, false)]);
+        assert!(
+            sent_within(&mut o, 1, 2, t0).is_empty(),
+            "the window is full"
+        );
+        assert!(o.remove(&order(0).id));
+        // The next order's answer is awaited from when it went, not from when it was made.
+        assert_eq!(sent_within(&mut o, 1, 2, t1), [(2, false)]);
+        o.remove(&order(1).id);
+        assert_eq!(o.oldest_sent(), Some(t1));
+        // A connection dropped: the window is empty again, and the orders go again in the order made.
+        o.connection_dropped();
+        assert_eq!(sent_within(&mut o, 2, 2, t1), [(2, true), (3, false)]);
+        // A late answer from the old connection to an order not in flight on this one leaves the window as it is.
+        o.push(order(5));
+        assert!(sent_within(&mut o, 2, 2, t1).is_empty());
+        assert!(o.remove(&order(4).id));
+        assert!(
+            sent_within(&mut o, 2, 2, t1).is_empty(),
+            "order 4 was never in flight"
+        );
+        assert!(o.remove(&order(3).id));
+        assert_eq!(sent_within(&mut o, 2, 2, t1), [(5, false)]);
     }
 }

@@ -29,6 +29,12 @@ struct Fake {
     stall_subscribes: AtomicBool,
     /// The transport has no publish/subscribe.
     no_pubsub: AtomicBool,
+    /// The connection's window (0: none) and how long the server takes to answer an order, in milliseconds.
+    window: AtomicUsize,
+    answer_ms: AtomicUsize,
+    /// Orders sent and not yet answered, now and at most.
+    in_flight: AtomicUsize,
+    most_in_flight: AtomicUsize,
 }
 
 #[derive(Default)]
@@ -87,8 +93,24 @@ impl Connector for FakeConnector {
         order: &Order,
     ) -> BoxFuture<'static, Result<Answer, TransportError>> {
         let (fake, gen, id) = (conn.fake.clone(), conn.server_gen, order.id);
+        let window = self.window();
         Box::pin(async move {
             tokio::task::yield_now().await;
+            // As a QUIC stream limit: a request beyond the window waits until one is answered.
+            loop {
+                let n = fake.in_flight.load(Ordering::Relaxed);
+                if n < window {
+                    fake.in_flight.store(n + 1, Ordering::Relaxed);
+                    fake.most_in_flight.fetch_max(n + 1, Ordering::Relaxed);
+                    break;
+                }
+                tokio::time::sleep(Duration::from_millis(1)).await;
+            }
+            let answer_ms = fake.answer_ms.load(Ordering::Relaxed) as u64;
+            if answer_ms > 0 {
+                tokio::time::sleep(Duration::from_millis(answer_ms)).await;
+            }
+            fake.in_flight.fetch_sub(1, Ordering::Relaxed);
             if fake.stall.load(Ordering::Relaxed) || gen != fake.server_gen.load(Ordering::Relaxed)
             {
                 return std::future::pending().await;
@@ -99,6 +121,13 @@ impl Connector for FakeConnector {
             }
             Ok(Answer::Stored(id))
         })
+    }
+
+    fn window(&self) -> usize {
+        match self.0.window.load(Ordering::Relaxed) {
+            0 => usize::MAX,
+            n => n,
+        }
     }
 
     fn disconnect(&self, conn: FakeConn) -> BoxFuture<'static, Result<(), TransportError>> {
@@ -352,6 +381,34 @@ async fn an_unanswered_order_goes_again_on_a_new_connection() {
         "{c:?}"
     );
     assert_eq!(fleet.pending(), 0);
+    fleet.close().await;
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_backlog_deeper_than_the_window_waits_in_the_device_without_timing_out() {
+    // 400 orders, 4 at a time, 20 ms each: 2 s to answer them all, twice the answer timeout. Each order's timeout
+    // counts from when it is sent, so nothing is sent again and the connection is kept.
+    let fake = Arc::new(Fake::default());
+    fake.window.store(4, Ordering::Relaxed);
+    fake.answer_ms.store(20, Ordering::Relaxed);
+    let (fleet, mut rx) = fleet(&fake, 1);
+    for seq in 0..400 {
+        fleet.send(0, order(0, seq));
+    }
+    let ids = stored_events(&mut rx, 400).await;
+    let in_order: Vec<u64> = ids.iter().map(|id| id.seq).collect();
+    assert!(
+        in_order.windows(2).all(|w| w[0] < w[1] + 4),
+        "sent in the order made"
+    );
+    assert_eq!(fake.most_in_flight.load(Ordering::Relaxed), 4);
+    let c = fleet.shared.counters.snapshot();
+    assert_eq!(
+        (c.handshakes, c.reconnects, c.resent_reconnect),
+        (1, 0, 0),
+        "{c:?}"
+    );
+    assert!(fake.stored.lock().unwrap().values().all(|&n| n == 1));
     fleet.close().await;
 }
 
