@@ -5,9 +5,14 @@
 //! young generation; when it is full, it becomes the old one and the old one is dropped; an entry found in the old
 //! generation moves back to the young one. An entry used at least once per half-capacity insertions is never
 //! evicted, and the map never holds more than its capacity.
+//!
+//! The receiver's maps (these, the allow-list's key ids, the answer queues) hash with randomly seeded foldhash, not
+//! std's SipHash: a record costs several lookups, and SipHash was a quarter of the receiver's instructions per
+//! order. The seed is unknown outside the process, so a sender cannot choose keys that land together; and what an
+//! unauthenticated packet can insert at all (a failed setup, two X25519 each) goes into a bounded map.
 
+use foldhash::{HashMap, HashMapExt};
 use std::borrow::Borrow;
-use std::collections::HashMap;
 use std::hash::Hash;
 
 /// A map of at most `capacity` entries that forgets the least recently used first (approximately).

@@ -23,8 +23,9 @@ use crate::senders::AllowList;
 use crate::wire::{
     self, Answer, Frame, Kind, Op, Record, ENC_LEN, MADE_LEN, MAX_DATAGRAM, TAG_LEN,
 };
+use foldhash::{HashMap, HashMapExt};
 use rand::rngs::StdRng;
-use std::collections::{HashMap, VecDeque};
+use std::collections::VecDeque;
 use std::net::SocketAddr;
 use std::sync::Arc;
 use std::time::Instant;

@@ -3,7 +3,7 @@
 
 use crate::crypto::{check_public, LowOrderKey};
 use crate::wire::{key_id, KeyId};
-use std::collections::HashMap;
+use foldhash::{HashMap, HashMapExt};
 use std::path::Path;
 use transport_core::order::sender_id;
 

@@ -280,7 +280,9 @@ pub struct Store {
     path: PathBuf,
     file: File,
     policy: SyncPolicy,
-    applied: HashSet<OrderId>,
+    /// Every id in the log. Randomly seeded foldhash rather than std's SipHash: one insert per order, and SipHash
+    /// was the largest part of the store's own CPU in a drain's profile.
+    applied: foldhash::HashSet<OrderId>,
     buf: Vec<u8>,
     failed: Option<String>,
     stats: Arc<StatCells>,
@@ -317,7 +319,7 @@ impl Store {
                 .map_err(|e| StoreError::io(dir, e))?;
         }
 
-        let mut applied = HashSet::new();
+        let mut applied = foldhash::HashSet::default();
         let mut recovery = Recovery::default();
         let end = scan(&file, &path, |entry| {
             recovery.records += 1;
