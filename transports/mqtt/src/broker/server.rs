@@ -91,6 +91,11 @@ const CONTROL_QUEUE: usize = 64;
 /// How long a closing connection's writer may take to flush its last packets.
 const CLOSE_GRACE: Duration = Duration::from_secs(2);
 
+/// How long a connection's read buffer is kept with nothing in it. An idle link then holds no buffer of its own
+/// (its next read starts small and grows), so memory per idle link is the TLS state and the session, as it is for a
+/// broker that releases its buffers when idle.
+const IDLE_BUFFER_RELEASE: Duration = Duration::from_secs(1);
+
 /// A connection's wake-ups: new deliveries (writer) and a takeover (reader).
 #[derive(Default)]
 struct Signal {
@@ -445,6 +450,8 @@ async fn read_loop<R: AsyncRead + Unpin>(
 ) -> Close {
     let max = shared.config.max_packet_size;
     let mut buf = BytesMut::with_capacity(4096);
+    // The buffer was released while the link was idle: the next read takes what it needs, not 8 KiB up front.
+    let mut idle = false;
     let mut actions = Vec::new();
     loop {
         // Every whole frame in the buffer, then the actions they produced (one store commit for their orders).
@@ -482,19 +489,28 @@ async fn read_loop<R: AsyncRead + Unpin>(
         if let Some(close) = closing {
             return close;
         }
-        if buf.capacity() - buf.len() < 1024 {
+        if !idle && buf.capacity() - buf.len() < 1024 {
             buf.reserve(8192);
         }
         let deadline = Instant::from_std(conn.deadline());
+        let wake = if idle || !buf.is_empty() {
+            deadline
+        } else {
+            deadline.min(Instant::now() + IDLE_BUFFER_RELEASE)
+        };
         tokio::select! {
             read = rd.read_buf(&mut buf) => match read {
                 Ok(0) => return Close::Eof,
-                Ok(_) => {}
+                Ok(_) => idle = false,
                 Err(e) => return Close::Lost(e.to_string()),
             },
-            _ = tokio::time::sleep_until(deadline) => {
+            _ = tokio::time::sleep_until(wake) => {
                 if let Some(close) = conn.handle_timeout(std::time::Instant::now()) {
                     return close;
+                }
+                if buf.is_empty() {
+                    buf = BytesMut::new();
+                    idle = true;
                 }
             }
             _ = signal.kick.notified() => return Close::TakenOver,
@@ -574,7 +590,7 @@ async fn write_loop<W: AsyncWrite + Unpin>(
 ) {
     let batch = shared.config.write_batch;
     let stall = shared.config.write_timeout;
-    let mut buf = BytesMut::with_capacity(4096);
+    let mut buf = BytesMut::new();
     let mut carried: Option<Bytes> = None;
     let mut connack_written = false;
     let mut open = true;
@@ -613,6 +629,8 @@ async fn write_loop<W: AsyncWrite + Unpin>(
         if !open {
             break;
         }
+        // Nothing to write: an idle link holds no write buffer (the next burst allocates what it needs).
+        buf = BytesMut::new();
         tokio::select! {
             chunk = control.recv() => match chunk {
                 Some(chunk) => carried = Some(chunk),
