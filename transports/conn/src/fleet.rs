@@ -42,6 +42,7 @@ mod pubsub;
 pub use pubsub::{message_id, payload, Deliveries, Delivery, SubAck, ID_BYTES};
 
 use futures::stream::{FuturesUnordered, StreamExt};
+use futures::FutureExt;
 use orders::Orders;
 use pubsub::{Acceptance, Confirmed, PubSub};
 use std::net::SocketAddr;
@@ -527,6 +528,11 @@ impl<C: Connector> Device<C> {
                 _ = shutdown.changed() => break,
                 Some((id, generation, result)) = self.in_flight.next(), if !self.in_flight.is_empty() => {
                     self.answered(id, generation, result);
+                    // Every other answer already in, before the window is filled again: the orders that take
+                    // their places then go out together (one write on a byte stream), not one per answer.
+                    while let Some(Some((id, generation, result))) = self.in_flight.next().now_or_never() {
+                        self.answered(id, generation, result);
+                    }
                 }
                 Some((channel, generation, result)) = self.pubsub.confirming.next(),
                     if !self.pubsub.confirming.is_empty() => self.confirmed(channel, generation, result),
