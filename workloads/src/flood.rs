@@ -58,6 +58,7 @@ const INFO: Info = Info {
         Column::new("p50, ms", "p50_ms", Format::Decimal).lower(),
         Column::new("p99, ms", "p99_ms", Format::Decimal).lower(),
         Column::new("dropped", "dropped", Format::Sum).lower(),
+        Column::new("lost in sockets", "lost_in_sockets", Format::Sum).lower(),
         Column::new("undelivered", "undelivered", Format::Sum).lower(),
         Column::new("connections lost", "connections_lost", Format::Sum).lower(),
         Column::new("server CPU, % of a core", "server_cpu_pct", Format::Decimal),

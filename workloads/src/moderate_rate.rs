@@ -26,6 +26,7 @@ const INFO: Info = Info {
         Column::new("max, ms", "max_ms", Format::Decimal).lower(),
         Column::new("publish lag p99, ms", "publish_lag_p99_ms", Format::Decimal),
         Column::new("dropped", "dropped", Format::Sum).lower(),
+        Column::new("lost in sockets", "lost_in_sockets", Format::Sum).lower(),
         Column::new("undelivered", "undelivered", Format::Sum).lower(),
         Column::new("connections lost", "connections_lost", Format::Sum).lower(),
     ],

@@ -20,11 +20,17 @@
 //!   not expected, is a `duplicate` and is not counted as delivered.
 //! - `dropped`: what the server says it dropped, from its own counter over the run (the in-tree broker's and the
 //!   QUIC relay's `dropped`; mosquitto's `$SYS/broker/publish/messages/dropped`).
-//! - `undelivered`: what is left, `expected − delivered − dropped` (at least 0), when the drain ends.
+//! - `lost_in_sockets`: at QoS 0, what the kernel dropped on the way: the datagrams the server's and the load
+//!   generator's UDP sockets dropped during the run (`server_socket_drops`, `generator_socket_drops`, from
+//!   `/proc/PID/net/udp`) account for as many missing messages as they could have carried
+//!   ([`MESSAGES_PER_DATAGRAM`]); never more than are missing. At QoS 1 a lost datagram is sent again, so it is 0.
+//! - `undelivered`: what is left, `expected − delivered − dropped − lost_in_sockets` (at least 0), when the drain
+//!   ends.
 //!
-//! `expected = delivered + dropped + undelivered` holds unless the server counted more than it failed to deliver,
-//! and `runner check` fails a run where it does not hold, where `undelivered > 0` or where `duplicates > 0`: nothing
-//! may go missing without a count. One clock: publish and delivery times are `Instant`s of this process (the
+//! `expected = delivered + dropped + lost_in_sockets + undelivered` holds unless the server counted more than it
+//! failed to deliver, and `runner check` fails a run where it does not hold, where `undelivered > 0` or where
+//! `duplicates > 0`: nothing may go missing without a count. Messages lost in the generator's own sockets mark the
+//! run generator-bound: it did not read its subscribers' datagrams in time. One clock: publish and delivery times are `Instant`s of this process (the
 //! links stamp a delivery when they read it).
 
 use crate::harness::{Run, WorkloadError};
@@ -35,6 +41,20 @@ use futures::stream::{self, StreamExt, TryStreamExt};
 use hdrhistogram::Histogram;
 use std::time::{Duration, Instant};
 use transport_core::{LinkEvent, Publish, QoS};
+
+/// The largest datagram any UDP transport here sends (Pure's 1,200 bytes, QUIC's at most 1,472 on loopback or
+/// Ethernet): a dropped datagram carried at most this many bytes of messages.
+pub const LARGEST_DATAGRAM: u64 = 1_500;
+
+/// How many messages of `payload_bytes` one dropped datagram can have carried, at most.
+pub fn messages_per_datagram(payload_bytes: u32) -> u64 {
+    (LARGEST_DATAGRAM / u64::from(payload_bytes).max(1)).max(1)
+}
+
+/// Datagrams process `pid`'s UDP sockets have dropped so far (0 if it cannot be read: a TCP-only server has none).
+fn udp_drops(pid: u32) -> u64 {
+    transport_core::procfs::udp_drops(pid).unwrap_or(0)
+}
 
 /// How publishers hand messages over.
 #[derive(Debug, Clone, Copy, PartialEq)]
@@ -135,9 +155,24 @@ pub const METRICS: &[Metric] = &[
         about: "messages the server dropped by back-pressure, from its own counter",
     },
     Metric {
+        key: "lost_in_sockets",
+        unit: "count",
+        about: "QoS 0: missing messages the kernel's UDP socket drops during the run account for",
+    },
+    Metric {
+        key: "server_socket_drops",
+        unit: "datagrams",
+        about: "datagrams the server's UDP sockets dropped during the run (receive buffer full)",
+    },
+    Metric {
+        key: "generator_socket_drops",
+        unit: "datagrams",
+        about: "datagrams the load generator's UDP sockets dropped during the run (receive buffer full)",
+    },
+    Metric {
         key: "undelivered",
         unit: "count",
-        about: "expected − delivered − dropped when the drain ended: missing without a count",
+        about: "expected − delivered − dropped − lost_in_sockets when the drain ended: missing without a count",
     },
     Metric {
         key: "duplicates",
@@ -403,6 +438,8 @@ pub async fn run(run: &mut Run<'_>, load: &Load) -> Result<(), WorkloadError> {
     ));
     let before = run.server_stats().await?;
     let client_before = f.counters.snapshot();
+    let me = std::process::id();
+    let socket_drops_before = (udp_drops(pid), udp_drops(me));
 
     let mut t = Tally::new(load, Instant::now());
     let mut events = Vec::with_capacity(1024);
@@ -489,11 +526,22 @@ pub async fn run(run: &mut Run<'_>, load: &Load) -> Result<(), WorkloadError> {
         .dropped
         .saturating_sub(before.counters.dropped);
     let client = f.counters.snapshot().since(&client_before);
+    // Before the fleet closes: a socket's drop count goes with it.
+    let server_socket_drops = udp_drops(pid).saturating_sub(socket_drops_before.0);
+    let generator_socket_drops = udp_drops(me).saturating_sub(socket_drops_before.1);
     f.fleet.close().await;
     let samples = sampler.stop().await;
     run.server()?.shutdown().await?;
 
-    let undelivered = t.expected.saturating_sub(t.delivered + dropped);
+    let missing = t.expected.saturating_sub(t.delivered + dropped);
+    let lost_in_sockets = match load.qos {
+        QoS::AtMostOnce => missing.min(
+            (server_socket_drops + generator_socket_drops)
+                .saturating_mul(messages_per_datagram(load.payload_bytes)),
+        ),
+        _ => 0,
+    };
+    let undelivered = missing - lost_in_sockets;
     // A message neither delivered nor counted is never hidden: it counts at the drain's end.
     if undelivered > 0 {
         let waited = Instant::now().saturating_duration_since(load_end) + load.duration;
@@ -514,6 +562,9 @@ pub async fn run(run: &mut Run<'_>, load: &Load) -> Result<(), WorkloadError> {
     run.metric("expected", t.expected);
     run.metric("delivered", t.delivered);
     run.metric("dropped", dropped);
+    run.metric("lost_in_sockets", lost_in_sockets);
+    run.metric("server_socket_drops", server_socket_drops);
+    run.metric("generator_socket_drops", generator_socket_drops);
     run.metric("undelivered", undelivered);
     run.metric("duplicates", t.duplicates);
     run.metric("published_per_s", t.accepted_in_load as f64 / secs);

@@ -4,7 +4,8 @@
 //! A result is not to be trusted when the run failed (its error), when it timed out or left orders unanswered, when
 //! fewer orders were acknowledged than made, when the store lost an acknowledged order or applied one twice, when
 //! the load generator was the limit (`generator_bound`, see [`crate::lag`]; for a restart also when it was busy
-//! through the 10 s after the restart, the window its reconnect columns measure), when the store synced on a memory
+//! through the 10 s after the restart, the window its reconnect columns measure; for publish/subscribe when its own
+//! sockets dropped datagrams that messages were lost in), when the store synced on a memory
 //! filesystem (a sync there is free and proves nothing, see [`crate::durability`]), or when its durability is not on
 //! record (results of older versions).
 
@@ -45,6 +46,14 @@ pub fn flags(r: &RunResult) -> Vec<String> {
     }
     if nonzero("generator_bound").is_some() {
         out.push(GENERATOR_BOUND.into());
+    } else if let (Some(_), Some(drops)) = (
+        nonzero("lost_in_sockets"),
+        nonzero("generator_socket_drops"),
+    ) {
+        // Messages lost in the generator's own sockets: it did not read its subscribers' datagrams in time.
+        out.push(format!(
+            "{GENERATOR_BOUND}: its sockets dropped {drops} datagrams"
+        ));
     } else if let Some(busy) = busy_after_restart(r) {
         // A restart is judged where it matters too: the reconnect storm in the 10 s after the restart, which its
         // "after" columns measure, can saturate the generator while its average over the whole run stays low.
@@ -143,6 +152,26 @@ mod tests {
         assert!(flags(&failed)[0].starts_with("error: "));
         failed.skipped = Some("n/a".into());
         assert!(trusted(&failed));
+    }
+
+    #[test]
+    fn messages_lost_in_the_generators_own_sockets_make_a_run_generator_bound() {
+        let r = result(&[
+            ("lost_in_sockets", 40.0),
+            ("server_socket_drops", 3.0),
+            ("generator_socket_drops", 5.0),
+        ]);
+        let f = flags(&r);
+        assert_eq!(
+            f,
+            vec!["generator-bound: its sockets dropped 5 datagrams".to_string()]
+        );
+        // Lost in the server's socket only: the transport's own loss at QoS 0, shown in its column, not a doubt.
+        assert!(trusted(&result(&[
+            ("lost_in_sockets", 40.0),
+            ("server_socket_drops", 3.0),
+            ("generator_socket_drops", 0.0),
+        ])));
     }
 
     #[test]

@@ -1,6 +1,7 @@
 //! What a process costs, read from the kernel: CPU time and state from `/proc/PID/stat` (clock ticks, usually
 //! 10 ms), this process's CPU from `getrusage` (microseconds), resident memory from `/proc/PID/statm`, the files it
-//! holds open from `/proc/PID/fd` and may hold from `/proc/PID/limits`.
+//! holds open from `/proc/PID/fd` and may hold from `/proc/PID/limits`, the datagrams its UDP sockets dropped from
+//! `/proc/PID/net/udp`.
 //!
 //! Servers read their own figures with it (the control line's CPU, a broker's `$SYS` memory); the runner's
 //! sampler reads the servers'.
@@ -129,9 +130,8 @@ pub fn open_files(pid: u32) -> io::Result<u64> {
     Ok(std::fs::read_dir(format!("/proc/{pid}/fd"))?.count() as u64)
 }
 
-/// Whether process `pid` holds a TCP socket listening on `port` (IPv4 or IPv6): a listening socket of that port in
-/// its network namespace (`/proc/PID/net/tcp`, `tcp6`) whose inode is one of its open files.
-pub fn listens_on(pid: u32, port: u16) -> io::Result<bool> {
+/// The inodes of the sockets process `pid` holds open (its `/proc/PID/fd` links `socket:[INODE]`).
+fn socket_inodes(pid: u32) -> io::Result<std::collections::HashSet<String>> {
     let mut inodes = std::collections::HashSet::new();
     for fd in std::fs::read_dir(format!("/proc/{pid}/fd"))? {
         let Ok(target) = std::fs::read_link(fd?.path()) else {
@@ -145,6 +145,13 @@ pub fn listens_on(pid: u32, port: u16) -> io::Result<bool> {
             inodes.insert(inode.to_string());
         }
     }
+    Ok(inodes)
+}
+
+/// Whether process `pid` holds a TCP socket listening on `port` (IPv4 or IPv6): a listening socket of that port in
+/// its network namespace (`/proc/PID/net/tcp`, `tcp6`) whose inode is one of its open files.
+pub fn listens_on(pid: u32, port: u16) -> io::Result<bool> {
+    let inodes = socket_inodes(pid)?;
     for table in ["tcp", "tcp6"] {
         let Ok(text) = std::fs::read_to_string(format!("/proc/{pid}/net/{table}")) else {
             continue;
@@ -154,6 +161,32 @@ pub fn listens_on(pid: u32, port: u16) -> io::Result<bool> {
         }
     }
     Ok(false)
+}
+
+/// Datagrams the kernel has dropped so far on the UDP sockets process `pid` holds open, because a socket's receive
+/// buffer was full (or its checksum was bad): the `drops` column of `/proc/PID/net/udp` and `udp6` for the
+/// process's sockets. The count lives with the socket: a closed socket's drops are gone.
+pub fn udp_drops(pid: u32) -> io::Result<u64> {
+    let inodes = socket_inodes(pid)?;
+    let mut drops = 0;
+    for table in ["udp", "udp6"] {
+        let Ok(text) = std::fs::read_to_string(format!("/proc/{pid}/net/{table}")) else {
+            continue;
+        };
+        drops += socket_drops(&text)
+            .filter(|(inode, _)| inodes.contains(*inode))
+            .map(|(_, d)| d)
+            .sum::<u64>();
+    }
+    Ok(drops)
+}
+
+/// Each socket's inode and drop count in a `/proc/net/udp` (or `udp6`) table.
+fn socket_drops(table: &str) -> impl Iterator<Item = (&str, u64)> {
+    table.lines().skip(1).filter_map(|line| {
+        let f: Vec<&str> = line.split_ascii_whitespace().collect();
+        Some((*f.get(9)?, f.get(12)?.parse().ok()?))
+    })
 }
 
 /// The inodes of the sockets listening on `port` in a `/proc/net/tcp` (or `tcp6`) table.
@@ -231,11 +264,12 @@ mod tests {
     fn open_files_and_their_limit() {
         let me = std::process::id();
         let before = open_files(me).unwrap();
-        // Other tests may open and close files meanwhile; twenty of ours show whatever they do.
-        let held: Vec<_> = (0..20)
+        // Other tests open and close a few files meanwhile (sockets, too); two hundred of ours show whatever they
+        // do.
+        let held: Vec<_> = (0..200)
             .map(|_| std::fs::File::open("/proc/self/stat").unwrap())
             .collect();
-        assert!(open_files(me).unwrap() >= before + 20);
+        assert!(open_files(me).unwrap() >= before + 180);
         drop(held);
         assert!(files_limit(me).unwrap() >= before);
         let text = "Limit                     Soft Limit           Hard Limit           Units\n\
@@ -271,5 +305,44 @@ mod tests {
         assert!(listens_on(std::process::id(), port).unwrap());
         drop(l);
         assert!(!listens_on(std::process::id(), port).unwrap());
+    }
+
+    #[test]
+    fn udp_drop_counts_are_read_per_socket() {
+        let table = "  sl  local_address rem_address   st tx_queue rx_queue tr tm->when retrnsmt   uid  timeout inode ref pointer drops
+  10: 0100007F:1F90 00000000:0000 07 00000000:00000000 00:00000000 00000000     0        0 111 2 0000000000000000 0
+  11: 0100007F:1F91 00000000:0000 07 00000000:00034000 00:00000000 00000000     0        0 222 2 0000000000000000 4217
+";
+        assert_eq!(
+            socket_drops(table).collect::<Vec<_>>(),
+            [("111", 0), ("222", 4217)]
+        );
+    }
+
+    #[test]
+    fn datagrams_a_full_socket_could_not_take_are_counted_as_its_drops() {
+        use std::os::fd::AsRawFd;
+        let rx = std::net::UdpSocket::bind("127.0.0.1:0").unwrap();
+        let small: libc::c_int = 4096;
+        // SAFETY: a valid socket and a pointer to an int of the size given.
+        let set = unsafe {
+            libc::setsockopt(
+                rx.as_raw_fd(),
+                libc::SOL_SOCKET,
+                libc::SO_RCVBUF,
+                (&small as *const libc::c_int).cast(),
+                std::mem::size_of::<libc::c_int>() as libc::socklen_t,
+            )
+        };
+        assert_eq!(set, 0);
+        let before = udp_drops(std::process::id()).unwrap();
+        let tx = std::net::UdpSocket::bind("127.0.0.1:0").unwrap();
+        for _ in 0..200 {
+            tx.send_to(&[0u8; 512], rx.local_addr().unwrap()).unwrap();
+        }
+        // Nothing read: the receive buffer holds a few; the kernel dropped the rest and counted them.
+        let dropped = udp_drops(std::process::id()).unwrap() - before;
+        assert!(dropped >= 150, "{dropped}");
+        drop(rx);
     }
 }
