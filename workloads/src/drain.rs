@@ -116,7 +116,7 @@ const INFO: Info = Info {
         Metric { key: "generator_bound", unit: "0/1", about: "1 if the generator was busy enough to be the limit" },
         Metric { key: "timed_out", unit: "0/1", about: "1 if some orders were not answered before the timeout" },
         Metric { key: "unanswered", unit: "count", about: "orders never answered" },
-        Metric { key: "lost", unit: "count", about: "acknowledged orders missing from the store's log" },
+        Metric { key: "lost", unit: "count", about: "orders made that are not in the store's log (never stored; an acknowledged one is also in acked_not_applied)" },
         Metric { key: "duplicates", unit: "count", about: "orders applied more than once" },
     ],
     columns: &[

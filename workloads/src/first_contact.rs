@@ -98,7 +98,7 @@ const INFO: Info = Info {
         Metric {
             key: "lost",
             unit: "count",
-            about: "acknowledged orders missing from the store's log",
+            about: "orders made that are not in the store's log (never stored; an acknowledged one is also in acked_not_applied)",
         },
         Metric {
             key: "duplicates",

@@ -126,7 +126,7 @@ const INFO: Info = Info {
         Metric { key: "new_senders_prepared", unit: "count", about: "Pure: never-met senders on the allow-list" },
         Metric { key: "server_cpu_s", unit: "s", about: "the server's CPU over the window" },
         Metric { key: "senders_exhausted", unit: "0/1", about: "Pure: 1 if the prepared senders ran out before duration_s" },
-        Metric { key: "lost", unit: "count", about: "acknowledged orders missing from the store's log" },
+        Metric { key: "lost", unit: "count", about: "orders made that are not in the store's log (never stored; an acknowledged one is also in acked_not_applied)" },
         Metric { key: "duplicates", unit: "count", about: "orders applied more than once" },
     ],
     columns: &[

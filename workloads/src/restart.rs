@@ -90,7 +90,7 @@ const INFO: Info = Info {
         Metric { key: "send_lag_p99_ms", unit: "ms", about: "99th percentile of each send's lag behind its intended time" },
         Metric { key: "generator_busy", unit: "fraction", about: "the generator's CPU over the load / its length and CPUs" },
         Metric { key: "generator_bound", unit: "0/1", about: "1 if the generator lagged or was saturated" },
-        Metric { key: "lost", unit: "count", about: "acknowledged orders missing from the store's log" },
+        Metric { key: "lost", unit: "count", about: "orders made that are not in the store's log (never stored; an acknowledged one is also in acked_not_applied)" },
         Metric { key: "duplicates", unit: "count", about: "orders applied more than once" },
     ],
     columns: &[

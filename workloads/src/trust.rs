@@ -29,7 +29,7 @@ pub fn flags(r: &RunResult) -> Vec<String> {
     }
     for (key, what) in [
         ("unanswered", "unanswered"),
-        ("lost", "lost"),
+        ("lost", "made, not in the log"),
         ("duplicates", "applied twice"),
         ("acked_not_applied", "acknowledged, not in the log"),
         ("errors", "errors"),
