@@ -95,6 +95,9 @@ const CLOSE_GRACE: Duration = Duration::from_secs(2);
 /// (its next read starts small and grows), so memory per idle link is the TLS state and the session, as it is for a
 /// broker that releases its buffers when idle.
 const IDLE_BUFFER_RELEASE: Duration = Duration::from_secs(1);
+/// Bytes a quiet link's buffer starts with, and what a busy one (a read filled its buffer) reads into.
+const QUIET_READ: usize = 512;
+const BUSY_READ: usize = 8192;
 
 /// A connection's wake-ups: new deliveries (writer) and a takeover (reader).
 #[derive(Default)]
@@ -449,7 +452,11 @@ async fn read_loop<R: AsyncRead + Unpin>(
     signal: &Signal,
 ) -> Close {
     let max = shared.config.max_packet_size;
-    let mut buf = BytesMut::with_capacity(4096);
+    // A link starts with a small buffer (a CONNECT and a SUBSCRIBE fit): thousands of quiet subscribers would
+    // otherwise each hold kilobytes they never use. A link becomes busy when a read fills its buffer, and then
+    // reads into `BUSY_READ` bytes until it goes idle.
+    let mut buf = BytesMut::with_capacity(QUIET_READ);
+    let mut busy = false;
     // The buffer was released while the link was idle: the next read takes what it needs, not 8 KiB up front.
     let mut idle = false;
     let mut actions = Vec::new();
@@ -489,9 +496,10 @@ async fn read_loop<R: AsyncRead + Unpin>(
         if let Some(close) = closing {
             return close;
         }
-        if !idle && buf.capacity() - buf.len() < 1024 {
-            buf.reserve(8192);
+        if busy && buf.capacity() - buf.len() < 1024 {
+            buf.reserve(BUSY_READ);
         }
+        let room = buf.capacity() - buf.len();
         let deadline = Instant::from_std(conn.deadline());
         let wake = if idle || !buf.is_empty() {
             deadline
@@ -501,7 +509,11 @@ async fn read_loop<R: AsyncRead + Unpin>(
         tokio::select! {
             read = rd.read_buf(&mut buf) => match read {
                 Ok(0) => return Close::Eof,
-                Ok(_) => idle = false,
+                Ok(n) => {
+                    // Busy from the first read that fills the buffer until the link goes idle.
+                    busy |= n >= room;
+                    idle = false;
+                }
                 Err(e) => return Close::Lost(e.to_string()),
             },
             _ = tokio::time::sleep_until(wake) => {
@@ -511,6 +523,7 @@ async fn read_loop<R: AsyncRead + Unpin>(
                 if buf.is_empty() {
                     buf = BytesMut::new();
                     idle = true;
+                    busy = false;
                 }
             }
             _ = signal.kick.notified() => return Close::TakenOver,
