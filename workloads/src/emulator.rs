@@ -198,6 +198,10 @@ pub struct LinkMeasurement {
     pub flows: u64,
     /// Flows that could not be opened or connected (for example no file descriptor left, or the server refused).
     pub flow_errors: u64,
+    /// Of the TCP connections, those whose SYN brought data (TCP Fast Open): their handshake took half a round
+    /// trip before the server saw the data, not one and a half.
+    #[serde(default)]
+    pub fast_open: u64,
 }
 
 /// Serializes a [`Duration`] as whole microseconds.

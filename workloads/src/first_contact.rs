@@ -5,7 +5,8 @@
 //! the RTT in each direction and measures what it actually added. Peers go one at a time, so each measures a first
 //! contact on an otherwise idle link: for Pure that is the first sealed record (1 round trip), for QUIC a handshake
 //! and then the order on a stream (2), for MQTT a TCP handshake, the TLS 1.3 handshake, CONNECT and then the PUBLISH
-//! (4, or 3 where the client sends CONNECT with its TLS Finished and PUBLISH without waiting for CONNACK).
+//! (4, or 3 where the client sends CONNECT with its TLS Finished and PUBLISH without waiting for CONNACK, or 2 when
+//! its ClientHello also rides in the SYN with TCP Fast Open).
 //!
 //! A peer whose order is not answered within `timeout_s` is `unanswered`: it counts in the histogram at the timeout,
 //! the run is marked `timed_out`, and the next peer goes on.
@@ -14,7 +15,8 @@
 //! `p50_ms`, `p99_ms`, `round_trips` (p50 / RTT), `handshakes` (client side), `orders_made`, `orders_acked`,
 //! `unanswered`, `timed_out`; the emulator's whole measurement of each direction (`link_to_server_*` and
 //! `link_to_client_*`: `packets`, `mean_ms`, `p50_ms`, `p99_ms`, `max_ms`, `dropped`, `held`) and its flows
-//! (`link_flows`, `link_flow_errors`); histogram `time_to_stored`.
+//! (`link_flows`, `link_flow_errors`, `link_fast_open`); the client's TCP Fast Open (`fast_open`,
+//! `fast_open_refused`); histogram `time_to_stored`.
 
 use crate::emulator::{LinkConfig, LinkEmulator};
 use crate::harness::{self, Profile, Run, Waited, WorkloadError};
@@ -89,6 +91,21 @@ const INFO: Info = Info {
             key: "link_to_server_p99_ms",
             unit: "ms",
             about: "the emulator's added delay toward the server, 99th percentile (also _p50, _max, _mean, _packets, _dropped, _held; and link_to_client_*)",
+        },
+        Metric {
+            key: "fast_open",
+            unit: "count",
+            about: "client connections whose first bytes went in the SYN and were taken (TCP Fast Open; `mqtt:fast-open`)",
+        },
+        Metric {
+            key: "fast_open_refused",
+            unit: "count",
+            about: "client connections that sent data in the SYN and had it refused (the run is not to be trusted)",
+        },
+        Metric {
+            key: "link_fast_open",
+            unit: "count",
+            about: "TCP connections the emulator accepted with data in the SYN (it then modelled a half-round-trip handshake)",
         },
         Metric {
             key: "unanswered",
@@ -257,6 +274,9 @@ async fn first_contact(run: &mut Run<'_>, p: &FirstContactParams) -> Result<(), 
     }
     run.metric("link_flows", link.flows);
     run.metric("link_flow_errors", link.flow_errors);
+    run.metric("link_fast_open", link.fast_open);
+    run.metric("fast_open", client.fast_open);
+    run.metric("fast_open_refused", client.fast_open_refused);
     run.histogram("time_to_stored", &times);
     Ok(())
 }

@@ -34,6 +34,10 @@ pub fn flags(r: &RunResult) -> Vec<String> {
         ("acked_not_applied", "acknowledged, not in the log"),
         ("errors", "errors"),
         ("undelivered", "undelivered"),
+        (
+            "fast_open_refused",
+            "connections whose SYN data the server did not take (TCP Fast Open asked for)",
+        ),
     ] {
         if let Some(v) = nonzero(key) {
             out.push(format!("{v} {what}"));

@@ -463,6 +463,47 @@ fn tcp_bytes_arrive_intact_in_order_and_delayed() {
     assert_eq!(measured.to_server.dropped + measured.to_client.dropped, 0);
 }
 
+/// TCP Fast Open through the emulator: a client whose first bytes ride in its SYN has them at the server half a
+/// round trip in, so its first answer comes after 1 round trip instead of 2. Where the kernel lets no server take
+/// data in a SYN, the connection falls back to the full handshake and the emulator must not count it.
+#[test]
+fn tcp_fast_open_saves_the_handshake_round_trip_where_the_kernel_allows_it() {
+    use transport_core::net::fast_open;
+
+    let Some(kernel) = fast_open::KernelSupport::for_clients() else {
+        return;
+    };
+    // Long enough that a late wake-up on a busy machine cannot pass for the round trip saved or lost.
+    let one_way = Duration::from_millis(50);
+    let emulator = TcpEmulator::start(tcp_echo_server(), LinkConfig::with_delay(one_way)).unwrap();
+    let start = Instant::now();
+    let mut stream = fast_open::connect_std(emulator.addr()).unwrap();
+    stream.write_all(b"hello").unwrap();
+    let mut buf = [0u8; 5];
+    stream.read_exact(&mut buf).unwrap();
+    let first = start.elapsed();
+    assert_eq!(&buf, b"hello");
+    let measured = emulator.measured();
+    if kernel.server() {
+        eprintln!("tcp fast open: first answer after {first:?} (2 x {one_way:?} expected)");
+        assert_eq!(measured.fast_open, 1);
+        assert!(fast_open::syn_data(&stream).unwrap());
+        assert!(first >= 2 * one_way, "{first:?}");
+        assert!(
+            first < 4 * one_way,
+            "{first:?}: the handshake was not saved"
+        );
+    } else {
+        eprintln!(
+            "net.ipv4.tcp_fastopen = {}: servers take no data in a SYN",
+            kernel.sysctl
+        );
+        assert_eq!(measured.fast_open, 0);
+        assert!(first >= 4 * one_way, "{first:?}");
+    }
+    assert_eq!(measured.flows, 1);
+}
+
 #[test]
 fn tcp_slow_reader_pushes_back_and_gets_every_byte() {
     let listener = TcpListener::bind(LOCALHOST).unwrap();

@@ -97,6 +97,11 @@ counters! {
     send_errors,
     /// Messages dropped by back-pressure (QoS 0 to a slow subscriber).
     dropped,
+    /// Connections whose first bytes went in the SYN and were taken by the server (TCP Fast Open).
+    fast_open,
+    /// Connections that sent their first bytes in the SYN and whose server did not take them (the kernel sent them
+    /// again after the handshake): TCP Fast Open asked for and not had.
+    fast_open_refused,
 }
 
 impl Counters {

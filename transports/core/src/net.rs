@@ -1,4 +1,4 @@
-//! Socket settings shared by the UDP transports.
+//! Socket settings shared by the transports: UDP buffers, and TCP Fast Open ([`fast_open`]).
 
 use std::io;
 use std::net::{Ipv4Addr, Ipv6Addr, SocketAddr, UdpSocket};
@@ -53,11 +53,20 @@ pub fn set_buffers(socket: &impl AsRawFd, bytes: usize) -> io::Result<usize> {
 }
 
 fn setsockopt(fd: libc::c_int, name: libc::c_int, value: libc::c_int) -> io::Result<()> {
+    setsockopt_at(fd, libc::SOL_SOCKET, name, value)
+}
+
+fn setsockopt_at(
+    fd: libc::c_int,
+    level: libc::c_int,
+    name: libc::c_int,
+    value: libc::c_int,
+) -> io::Result<()> {
     // SAFETY: `value` lives for the call and its size is passed.
     let rc = unsafe {
         libc::setsockopt(
             fd,
-            libc::SOL_SOCKET,
+            level,
             name,
             (&value as *const libc::c_int).cast(),
             std::mem::size_of::<libc::c_int>() as libc::socklen_t,
@@ -70,6 +79,189 @@ fn setsockopt(fd: libc::c_int, name: libc::c_int, value: libc::c_int) -> io::Res
     }
 }
 
+/// TCP Fast Open (RFC 7413): a client's first bytes in its SYN, so a request costs no round trip for the TCP
+/// handshake.
+///
+/// A first contact has no cookie from an earlier connection, so both ends here waive it
+/// (`TCP_FASTOPEN_NO_COOKIE`), as a server that accepts data in any SYN does: the data of a SYN is then processed
+/// before the client has proven its address, which RFC 7413 section 5 weighs against SYN floods. Linux lets a
+/// client send data in a SYN when `net.ipv4.tcp_fastopen` has bit 1 (the default) and a server accept it when it
+/// has bit 2 (`sysctl -w net.ipv4.tcp_fastopen=3`); the setting is per network namespace.
+pub mod fast_open {
+    use std::io;
+    use std::net::{SocketAddr, TcpStream};
+    use std::os::fd::{AsRawFd, FromRawFd};
+
+    /// `TCPI_OPT_SYN_DATA` of `linux/tcp.h`: the SYN's data was acknowledged (client) or accepted (server).
+    const TCPI_OPT_SYN_DATA: u8 = 32;
+    /// The sysctl's bits: clients may send data in a SYN; servers may accept it.
+    const CLIENT: u32 = 1;
+    const SERVER: u32 = 2;
+    const SYSCTL: &str = "/proc/sys/net/ipv4/tcp_fastopen";
+
+    /// What this network namespace's kernel allows, from `net.ipv4.tcp_fastopen`.
+    #[derive(Debug, Clone, Copy, PartialEq, Eq)]
+    pub struct KernelSupport {
+        /// The sysctl's value.
+        pub sysctl: u32,
+    }
+
+    impl KernelSupport {
+        /// Read `net.ipv4.tcp_fastopen`; an error where the file is missing (not Linux, or no TFO in the kernel).
+        pub fn read() -> io::Result<Self> {
+            let text = std::fs::read_to_string(SYSCTL)?;
+            let sysctl = text.trim().parse().map_err(|_| {
+                io::Error::new(
+                    io::ErrorKind::InvalidData,
+                    format!("{SYSCTL}: not a number: {text:?}"),
+                )
+            })?;
+            Ok(KernelSupport { sysctl })
+        }
+
+        /// What the kernel allows where clients may send data in a SYN; otherwise `None`, with the reason on
+        /// stderr (the start of a test that needs a client).
+        pub fn for_clients() -> Option<Self> {
+            match Self::read() {
+                Ok(kernel) if kernel.client() => Some(kernel),
+                Ok(kernel) => {
+                    eprintln!(
+                        "net.ipv4.tcp_fastopen = {}: no client may send data in a SYN",
+                        kernel.sysctl
+                    );
+                    None
+                }
+                Err(e) => {
+                    eprintln!("no TCP Fast Open here: {e}");
+                    None
+                }
+            }
+        }
+
+        /// Clients may send data in a SYN.
+        pub fn client(&self) -> bool {
+            self.sysctl & CLIENT != 0
+        }
+
+        /// Servers may accept data in a SYN.
+        pub fn server(&self) -> bool {
+            self.sysctl & SERVER != 0
+        }
+
+        /// Both ends on this machine: what a run through the suite's emulator needs. `Err` says what to change.
+        pub fn require_both(&self) -> Result<(), String> {
+            if self.client() && self.server() {
+                Ok(())
+            } else {
+                Err(format!(
+                    "TCP Fast Open needs net.ipv4.tcp_fastopen with bits 1 (client) and 2 (server); it is {} here \
+                     (as root: sysctl -w net.ipv4.tcp_fastopen=3)",
+                    self.sysctl
+                ))
+            }
+        }
+    }
+
+    /// Before `connect` on a TCP socket: the connect returns at once and the first write goes in the SYN, with
+    /// no cookie. `EOPNOTSUPP` where the kernel lets no client send data in a SYN.
+    pub fn client(socket: &impl AsRawFd) -> io::Result<()> {
+        let fd = socket.as_raw_fd();
+        super::setsockopt_at(fd, libc::IPPROTO_TCP, libc::TCP_FASTOPEN_CONNECT, 1)?;
+        super::setsockopt_at(fd, libc::IPPROTO_TCP, libc::TCP_FASTOPEN_NO_COOKIE, 1)
+    }
+
+    /// A blocking TCP connection to `addr` whose first write goes in the SYN ([`client`]); for tools and tests
+    /// (an async client sets [`client`] on its own socket before connecting).
+    pub fn connect_std(addr: SocketAddr) -> io::Result<TcpStream> {
+        let (family, len) = match addr {
+            SocketAddr::V4(_) => (libc::AF_INET, std::mem::size_of::<libc::sockaddr_in>()),
+            SocketAddr::V6(_) => (libc::AF_INET6, std::mem::size_of::<libc::sockaddr_in6>()),
+        };
+        // SAFETY: a plain socket call; the descriptor is owned by the stream made from it at once.
+        let fd = unsafe { libc::socket(family, libc::SOCK_STREAM | libc::SOCK_CLOEXEC, 0) };
+        if fd < 0 {
+            return Err(io::Error::last_os_error());
+        }
+        // SAFETY: `fd` is a new socket no one else owns.
+        let stream = unsafe { TcpStream::from_raw_fd(fd) };
+        client(&stream)?;
+        let mut storage: libc::sockaddr_storage = unsafe { std::mem::zeroed() };
+        match addr {
+            SocketAddr::V4(a) => {
+                let sin = libc::sockaddr_in {
+                    sin_family: libc::AF_INET as libc::sa_family_t,
+                    sin_port: a.port().to_be(),
+                    sin_addr: libc::in_addr {
+                        s_addr: u32::from(*a.ip()).to_be(),
+                    },
+                    sin_zero: [0; 8],
+                };
+                // SAFETY: `sockaddr_storage` is larger than and aligned for `sockaddr_in`.
+                unsafe {
+                    std::ptr::write((&mut storage as *mut libc::sockaddr_storage).cast(), sin)
+                };
+            }
+            SocketAddr::V6(a) => {
+                let sin6 = libc::sockaddr_in6 {
+                    sin6_family: libc::AF_INET6 as libc::sa_family_t,
+                    sin6_port: a.port().to_be(),
+                    sin6_flowinfo: a.flowinfo(),
+                    sin6_addr: libc::in6_addr {
+                        s6_addr: a.ip().octets(),
+                    },
+                    sin6_scope_id: a.scope_id(),
+                };
+                // SAFETY: `sockaddr_storage` is larger than and aligned for `sockaddr_in6`.
+                unsafe {
+                    std::ptr::write((&mut storage as *mut libc::sockaddr_storage).cast(), sin6)
+                };
+            }
+        }
+        // SAFETY: `storage` holds a valid address of `len` bytes.
+        let rc = unsafe {
+            libc::connect(
+                stream.as_raw_fd(),
+                (&storage as *const libc::sockaddr_storage).cast(),
+                len as libc::socklen_t,
+            )
+        };
+        if rc != 0 {
+            return Err(io::Error::last_os_error());
+        }
+        Ok(stream)
+    }
+
+    /// On a listening socket: accept data in a SYN without a cookie, with up to `queue` such connections not yet
+    /// accepted. Takes effect only where the kernel's server bit is set ([`KernelSupport::server`]).
+    pub fn server(listener: &impl AsRawFd, queue: i32) -> io::Result<()> {
+        let fd = listener.as_raw_fd();
+        super::setsockopt_at(fd, libc::IPPROTO_TCP, libc::TCP_FASTOPEN, queue)?;
+        super::setsockopt_at(fd, libc::IPPROTO_TCP, libc::TCP_FASTOPEN_NO_COOKIE, 1)
+    }
+
+    /// Whether the connection's SYN carried data the peer took: on a client, after the handshake, the server
+    /// acknowledged it; on a server, the accepted connection's SYN brought data.
+    pub fn syn_data(socket: &impl AsRawFd) -> io::Result<bool> {
+        // SAFETY: `tcp_info` is plain data; zeroes are a valid value.
+        let mut info: libc::tcp_info = unsafe { std::mem::zeroed() };
+        let mut len = std::mem::size_of::<libc::tcp_info>() as libc::socklen_t;
+        // SAFETY: `info` and `len` are valid for writes of the sizes given.
+        let rc = unsafe {
+            libc::getsockopt(
+                socket.as_raw_fd(),
+                libc::IPPROTO_TCP,
+                libc::TCP_INFO,
+                (&mut info as *mut libc::tcp_info).cast(),
+                &mut len,
+            )
+        };
+        if rc != 0 {
+            return Err(io::Error::last_os_error());
+        }
+        Ok(info.tcpi_options & TCPI_OPT_SYN_DATA != 0)
+    }
+}
+
 #[cfg(test)]
 mod tests {
     #[test]
@@ -77,6 +269,52 @@ mod tests {
         let s = std::net::UdpSocket::bind("127.0.0.1:0").unwrap();
         let got = super::set_buffers(&s, 1 << 20).unwrap();
         assert!(got >= 200_000, "{got}");
+    }
+
+    /// Real sockets on loopback: where the kernel allows both ends, a client's first write rides in the SYN and
+    /// both ends see it; where it does not, the test says so and checks that nothing claims otherwise.
+    #[test]
+    fn a_first_write_rides_in_the_syn_where_the_kernel_allows_it() {
+        use std::io::{Read, Write};
+
+        use super::fast_open;
+
+        let Ok(kernel) = fast_open::KernelSupport::read() else {
+            eprintln!("no net.ipv4.tcp_fastopen here: nothing to test");
+            return;
+        };
+        let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        fast_open::server(&listener, 16).unwrap();
+        let connected = fast_open::connect_std(listener.local_addr().unwrap());
+        if !kernel.client() {
+            assert!(connected.is_err(), "the kernel refuses a client");
+            return;
+        }
+        let mut client = connected.unwrap();
+        client.write_all(b"hello").unwrap();
+        let (mut accepted, _) = listener.accept().unwrap();
+        let mut got = [0u8; 5];
+        accepted.read_exact(&mut got).unwrap();
+        assert_eq!(&got, b"hello");
+        accepted.write_all(b"!").unwrap();
+        client.read_exact(&mut got[..1]).unwrap();
+        let (sent, taken) = (
+            fast_open::syn_data(&client).unwrap(),
+            fast_open::syn_data(&accepted).unwrap(),
+        );
+        assert_eq!(sent, kernel.server(), "client: SYN data acknowledged");
+        assert_eq!(taken, kernel.server(), "server: SYN data accepted");
+        if !kernel.server() {
+            eprintln!(
+                "net.ipv4.tcp_fastopen = {}: servers here take no data in a SYN",
+                kernel.sysctl
+            );
+        }
+        // A plain connection has no SYN data on either side.
+        let mut plain = std::net::TcpStream::connect(listener.local_addr().unwrap()).unwrap();
+        plain.write_all(b"x").unwrap();
+        let (accepted, _) = listener.accept().unwrap();
+        assert!(!fast_open::syn_data(&accepted).unwrap());
     }
 
     #[test]

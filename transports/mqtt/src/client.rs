@@ -39,13 +39,15 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt, ReadHalf, WriteHalf};
-use tokio::net::TcpStream;
+use tokio::net::{TcpSocket, TcpStream};
 use tokio::sync::{mpsc, oneshot, watch};
 use tokio::task::AbortHandle;
 use tokio_rustls::client::TlsStream;
 use tokio_rustls::TlsConnector;
 use transport_conn::fleet::{self, Answer, Connector, Deliveries, Delivery, SubAck};
+use transport_core::counters::Counters;
 use transport_core::framing::encode_order_body;
+use transport_core::net::fast_open;
 use transport_core::{device_name, BoxFuture, Order, OrderId, Publish, TransportError};
 use transport_tls::{ClientTls, SERVER_NAME};
 
@@ -162,11 +164,47 @@ pub async fn connect_tls(
     server: SocketAddr,
     config: Arc<rustls::ClientConfig>,
 ) -> Result<TlsStream<TcpStream>, ClientError> {
-    let tcp = TcpStream::connect(server).await?;
+    connect_tls_with(server, config, None).await
+}
+
+/// As [`connect_tls`]; with `fast_open`, the ClientHello goes in the SYN (TCP Fast Open without a cookie, see
+/// [`transport_core::net::fast_open`]) and the connection counts in the counters' `fast_open` if the server took
+/// it, in `fast_open_refused` if not (the kernel then sent it again after the handshake).
+pub async fn connect_tls_with(
+    server: SocketAddr,
+    config: Arc<rustls::ClientConfig>,
+    fast_open: Option<&Counters>,
+) -> Result<TlsStream<TcpStream>, ClientError> {
+    let tcp = match fast_open {
+        None => TcpStream::connect(server).await?,
+        Some(_) => {
+            let socket = if server.is_ipv4() {
+                TcpSocket::new_v4()?
+            } else {
+                TcpSocket::new_v6()?
+            };
+            fast_open::client(&socket).map_err(|e| {
+                std::io::Error::new(
+                    e.kind(),
+                    format!("TCP Fast Open refused by this kernel ({e}); net.ipv4.tcp_fastopen needs bit 1"),
+                )
+            })?;
+            socket.connect(server).await?
+        }
+    };
     tcp.set_nodelay(true)?;
     let name = rustls::pki_types::ServerName::try_from(SERVER_NAME)
         .map_err(|e| ClientError::Unexpected(e.to_string()))?;
-    Ok(TlsConnector::from(config).connect(name, tcp).await?)
+    let tls = TlsConnector::from(config).connect(name, tcp).await?;
+    if let Some(counters) = fast_open {
+        let counter = if fast_open::syn_data(tls.get_ref().0)? {
+            &counters.fast_open
+        } else {
+            &counters.fast_open_refused
+        };
+        Counters::inc(counter);
+    }
+    Ok(tls)
 }
 
 /// What a packet identifier is in use for.
@@ -238,6 +276,8 @@ pub struct OrderConnector {
     keep_alive: u16,
     /// Send packets right after CONNECT, without waiting for CONNACK (see the module docs).
     early: bool,
+    /// Open each connection with TCP Fast Open, counting in these counters whether the server took it.
+    fast_open: Option<Arc<Counters>>,
     ids: Arc<[Mutex<DeviceIds>]>,
     subscribes: AtomicU64,
 }
@@ -253,6 +293,7 @@ impl OrderConnector {
             tls,
             keep_alive: 30,
             early: false,
+            fast_open: None,
             ids,
             subscribes: AtomicU64::new(0),
         }
@@ -261,6 +302,13 @@ impl OrderConnector {
     /// The same connector, pipelining after CONNECT if `early` (see the module docs).
     pub fn pipelining(mut self, early: bool) -> Self {
         self.early = early;
+        self
+    }
+
+    /// The same connector, opening connections with TCP Fast Open and counting in `counters` whether the server
+    /// took the SYN's data ([`connect_tls_with`]).
+    pub fn fast_open(mut self, counters: Arc<Counters>) -> Self {
+        self.fast_open = Some(counters);
         self
     }
 
@@ -378,7 +426,7 @@ impl Connector for OrderConnector {
     fn connect(&self, device: u32) -> BoxFuture<'_, Result<OrderConn, TransportError>> {
         Box::pin(async move {
             let config = self.tls.config(device)?;
-            let tls = connect_tls(self.server, config).await?;
+            let tls = connect_tls_with(self.server, config, self.fast_open.as_deref()).await?;
             let resumed = tls.get_ref().1.handshake_kind() == Some(rustls::HandshakeKind::Resumed);
             let connect = connect_packet(&device_name(device), false, self.keep_alive);
             let mut stream = MqttStream::new(tls);

@@ -101,6 +101,38 @@ async fn pipelining_after_connect_every_order_is_stored_once_and_survives_a_rest
     testing::restart_loses_nothing(&h, DEVICES).await;
 }
 
+/// `mqtt:fast-open` over real sockets to the real broker: every order stored once and nothing lost across a restart,
+/// and, where this kernel lets servers take data in a SYN, every connection's ClientHello taken from its SYN (the
+/// client reads it from `TCP_INFO`); where it does not, every connection says it was refused.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn with_fast_open_every_order_is_stored_once_and_the_syn_data_is_taken_where_the_kernel_allows(
+) {
+    use transport_core::net::fast_open::KernelSupport;
+    const DEVICES: u32 = 10;
+    let Some(kernel) = KernelSupport::for_clients() else {
+        return;
+    };
+    let h = Harness::new(spec("mqtt:fast-open"), DEVICES);
+    let (client, _) = testing::every_order_stored_once(&h, DEVICES).await;
+    assert!(client.handshakes >= u64::from(DEVICES), "{client:?}");
+    assert_eq!(
+        client.fast_open + client.fast_open_refused,
+        client.handshakes,
+        "every connection asked for it: {client:?}"
+    );
+    if kernel.server() {
+        assert_eq!(client.fast_open_refused, 0, "{client:?}");
+    } else {
+        eprintln!(
+            "net.ipv4.tcp_fastopen = {}: servers here take no data in a SYN",
+            kernel.sysctl
+        );
+        assert_eq!(client.fast_open, 0, "{client:?}");
+    }
+    let h = Harness::new(spec("mqtt:fast-open"), DEVICES);
+    testing::restart_loses_nothing(&h, DEVICES).await;
+}
+
 /// A device that pipelines its order after a CONNECT the broker refuses (its identifier is not its certificate's
 /// name: here device 0 of a bundle that holds device 2's certificate) never has it stored: the refusing CONNACK
 /// closes the device's connection, the order stays pending for the next one, and nothing reaches the store (the

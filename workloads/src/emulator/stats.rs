@@ -105,6 +105,7 @@ pub(crate) struct Shared {
     directions: Mutex<[Recorder; 2]>,
     flows: AtomicU64,
     flow_errors: AtomicU64,
+    fast_open: AtomicU64,
 }
 
 impl Shared {
@@ -113,6 +114,7 @@ impl Shared {
             directions: Mutex::new([Recorder::new(setting)?, Recorder::new(setting)?]),
             flows: AtomicU64::new(0),
             flow_errors: AtomicU64::new(0),
+            fast_open: AtomicU64::new(0),
         })
     }
 
@@ -127,6 +129,11 @@ impl Shared {
         self.flows.fetch_add(1, Ordering::Relaxed);
     }
 
+    /// A TCP connection whose SYN brought data (TCP Fast Open).
+    pub(crate) fn flow_fast_open(&self) {
+        self.fast_open.fetch_add(1, Ordering::Relaxed);
+    }
+
     pub(crate) fn flow_failed(&self) {
         self.flow_errors.fetch_add(1, Ordering::Relaxed);
     }
@@ -138,7 +145,7 @@ impl Shared {
     /// One measurement over several emulators with the same setting (UDP and TCP on one port).
     pub(crate) fn combined(parts: &[&Shared]) -> LinkMeasurement {
         let mut total: Option<[Recorder; 2]> = None;
-        let (mut flows, mut flow_errors) = (0, 0);
+        let (mut flows, mut flow_errors, mut fast_open) = (0, 0, 0);
         for part in parts {
             let directions = part.lock();
             match &mut total {
@@ -150,6 +157,7 @@ impl Shared {
             }
             flows += part.flows.load(Ordering::Relaxed);
             flow_errors += part.flow_errors.load(Ordering::Relaxed);
+            fast_open += part.fast_open.load(Ordering::Relaxed);
         }
         let stats = |direction: Direction| {
             total
@@ -162,6 +170,7 @@ impl Shared {
             to_client: stats(Direction::ToClient),
             flows,
             flow_errors,
+            fast_open,
         }
     }
 }

@@ -272,6 +272,15 @@ impl Broker {
 }
 
 /// Bind `addrs` (TLS on the first, plaintext on `plaintext` if given) and serve until dropped.
+/// A listening socket on `addr` for the broker's clients. A client's first bytes may come in its SYN (TCP Fast
+/// Open, no cookie asked) where the kernel lets servers take them; `mqtt:fast-open`'s clients send them so.
+pub async fn bind(addr: SocketAddr) -> std::io::Result<TcpListener> {
+    let tcp = TcpListener::bind(addr).await?;
+    // Where the kernel has no TCP Fast Open the listener works as any other.
+    let _ = transport_core::net::fast_open::server(&tcp, 1024);
+    Ok(tcp)
+}
+
 pub async fn serve(
     config: BrokerConfig,
     tls: (SocketAddr, TlsAcceptor),
@@ -280,7 +289,7 @@ pub async fn serve(
     counters: Arc<Counters>,
 ) -> Result<(), TransportError> {
     let mut listeners = vec![Listener {
-        tcp: TcpListener::bind(tls.0).await?,
+        tcp: bind(tls.0).await?,
         tls: Some(tls.1),
     }];
     if let Some(addr) = plaintext {
