@@ -214,7 +214,7 @@ impl Transport for Mqtt {
     fn serve(&self, config: ServeConfig) -> BoxFuture<'static, Result<(), TransportError>> {
         let server = self.server;
         let broker_config = self.config.clone();
-        let (crypto, resume) = (self.crypto, self.resume);
+        let (crypto, resume, fast_open) = (self.crypto, self.resume, self.fast_open);
         Box::pin(async move {
             let public_key = tls::server_fingerprint(&config.identity)?;
             match server {
@@ -225,7 +225,7 @@ impl Transport for Mqtt {
                         tls::server_config_with
                     };
                     let tls = make(&config.identity, config.counters.clone(), &[], crypto)?;
-                    let tcp = crate::broker::server::bind(config.listen).await?;
+                    let tcp = crate::broker::server::bind(config.listen, fast_open).await?;
                     let addr = tcp.local_addr()?;
                     // Persistent sessions live beside the orders: both are the server's durable state.
                     let broker_config = BrokerConfig {

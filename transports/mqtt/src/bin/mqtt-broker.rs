@@ -120,7 +120,7 @@ async fn run(opt: Opt) -> anyhow::Result<()> {
     let (store, _) = Store::open(&opt.store, opt.sync).context("opening the store")?;
     let store = StoreHandle::spawn(store);
     let mut listeners = vec![Listener {
-        tcp: transport_mqtt::broker::server::bind(opt.listen)
+        tcp: tokio::net::TcpListener::bind(opt.listen)
             .await
             .with_context(|| format!("binding {}", opt.listen))?,
         tls: Some(TlsAcceptor::from(server_tls)),

@@ -272,12 +272,16 @@ impl Broker {
 }
 
 /// Bind `addrs` (TLS on the first, plaintext on `plaintext` if given) and serve until dropped.
-/// A listening socket on `addr` for the broker's clients. A client's first bytes may come in its SYN (TCP Fast
-/// Open, no cookie asked) where the kernel lets servers take them; `mqtt:fast-open`'s clients send them so.
-pub async fn bind(addr: SocketAddr) -> std::io::Result<TcpListener> {
+/// A listening socket on `addr` for the broker's clients. With `fast_open`, a client's first bytes may come in its
+/// SYN without a cookie (TCP Fast Open, where the kernel lets servers take them), as `mqtt:fast-open`'s clients send
+/// them: the data of a SYN is then processed before the client has proven its address (RFC 7413 section 5), so it
+/// is off unless asked for.
+pub async fn bind(addr: SocketAddr, fast_open: bool) -> std::io::Result<TcpListener> {
     let tcp = TcpListener::bind(addr).await?;
-    // Where the kernel has no TCP Fast Open the listener works as any other.
-    let _ = transport_core::net::fast_open::server(&tcp, 1024);
+    if fast_open {
+        // Where the kernel has no TCP Fast Open the listener works as any other; the clients count the refusals.
+        let _ = transport_core::net::fast_open::server(&tcp, 1024);
+    }
     Ok(tcp)
 }
 
@@ -289,7 +293,7 @@ pub async fn serve(
     counters: Arc<Counters>,
 ) -> Result<(), TransportError> {
     let mut listeners = vec![Listener {
-        tcp: bind(tls.0).await?,
+        tcp: TcpListener::bind(tls.0).await?,
         tls: Some(tls.1),
     }];
     if let Some(addr) = plaintext {
