@@ -155,28 +155,8 @@ fn origin(results: &[&RunResult]) -> String {
         ),
         None => "not recorded".into(),
     });
-    let fsync = {
-        let mut all: Option<hdrhistogram::Histogram<u64>> = None;
-        for h in ran.iter().filter_map(|r| r.histograms.get("store_fsync")) {
-            if let Ok(h) = workloads::hist::decode(h) {
-                match &mut all {
-                    Some(a) => {
-                        let _ = a.add(&h);
-                    }
-                    None => all = Some(h),
-                }
-            }
-        }
-        match all.filter(|h| !h.is_empty()) {
-            Some(h) => format!(
-                "; fdatasync p50 {:.2} ms, p99 {:.2} ms over {} syncs",
-                workloads::hist::quantile_ms(&h, 0.5),
-                workloads::hist::quantile_ms(&h, 0.99),
-                h.len()
-            ),
-            None => String::new(),
-        }
-    };
+    let fsync = merged_sync_times(&ran, "store_fsync", "fdatasync");
+    let state_fsync = merged_sync_times(&ran, "state_fsync", "the server's own state synced");
     let priority = distinct(&|r| {
         let p = &r.provenance;
         let load = p
@@ -189,8 +169,32 @@ fn origin(results: &[&RunResult]) -> String {
         }
     });
     format!(
-        "Measured by invocation(s) {invocations}; build {build}; {pinning}; {priority}; store on {store}{fsync}.\n"
+        "Measured by invocation(s) {invocations}; build {build}; {pinning}; {priority}; store on {store}{fsync}{state_fsync}.\n"
     )
+}
+
+/// The syncs of histogram `name` over every run, as "; `what` p50 .., p99 .. over N syncs" (empty when none).
+fn merged_sync_times(ran: &[&RunResult], name: &str, what: &str) -> String {
+    let mut all: Option<hdrhistogram::Histogram<u64>> = None;
+    for h in ran.iter().filter_map(|r| r.histograms.get(name)) {
+        if let Ok(h) = workloads::hist::decode(h) {
+            match &mut all {
+                Some(a) => {
+                    let _ = a.add(&h);
+                }
+                None => all = Some(h),
+            }
+        }
+    }
+    match all.filter(|h| !h.is_empty()) {
+        Some(h) => format!(
+            "; {what} p50 {:.2} ms, p99 {:.2} ms over {} syncs",
+            workloads::hist::quantile_ms(&h, 0.5),
+            workloads::hist::quantile_ms(&h, 0.99),
+            h.len()
+        ),
+        None => String::new(),
+    }
 }
 
 /// The standard table: a row per transport, the columns summarising its rounds.

@@ -16,7 +16,7 @@ use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 use tokio::io::AsyncBufReadExt;
-use transport_core::commit::{CommitError, OrderStore, Outcome, SharedStore};
+use transport_core::commit::{CommitError, OrderStore, Outcome, SharedStore, StateSyncs};
 use transport_core::{BoxFuture, Counters, Order, ServeConfig, Transport};
 use transport_store::{Store, StoreHandle, SyncPolicy};
 use workloads::process::{ReadyLine, ReadyMessage};
@@ -152,6 +152,7 @@ pub fn run(args: ServeArgs) -> Result<()> {
     runtime.block_on(async move {
         let store = StoreHandle::spawn(store);
         let counters = Arc::new(Counters::default());
+        let state_syncs = Arc::new(StateSyncs::default());
         let (ready_tx, ready_rx) = tokio::sync::oneshot::channel();
         let config = ServeConfig {
             listen: args.listen,
@@ -165,6 +166,7 @@ pub fn run(args: ServeArgs) -> Result<()> {
             },
             state_dir: args.store.clone(),
             counters: counters.clone(),
+            state_syncs: state_syncs.clone(),
             ready: ready_tx,
         };
         let mut server = tokio::spawn(transport.serve(config));
@@ -201,7 +203,7 @@ pub fn run(args: ServeArgs) -> Result<()> {
             if broken {
                 return serde_json::json!({ "broken": "not the statistics" }).to_string();
             }
-            stats_line(&counters, &store, &filesystem, error).to_string()
+            stats_line(&counters, &store, &state_syncs, &filesystem, error).to_string()
         };
         let mut lines = tokio::io::BufReader::new(tokio::io::stdin()).lines();
         let outcome: Result<()> = loop {
@@ -231,12 +233,14 @@ pub fn run(args: ServeArgs) -> Result<()> {
 }
 
 /// The answer to `stats`: the server's counters; its store's statistics, the filesystem it is on, every fsync's
-/// time (HDR histogram in µs, V2 base64) and the reason it failed if it did; CPU seconds from getrusage
+/// time (HDR histogram in µs, V2 base64) and the reason it failed if it did; the same histogram of the syncs of the
+/// server's own state (`state_fsync_us`: the MQTT broker's persistent sessions); CPU seconds from getrusage
 /// (microsecond resolution, every thread, exited ones included), or the error reading them (never a zero); and the
 /// error that stopped the server, in its last line.
 pub fn stats_line(
     counters: &Counters,
     store: &StoreHandle,
+    state_syncs: &StateSyncs,
     filesystem: &str,
     error: Option<&anyhow::Error>,
 ) -> serde_json::Value {
@@ -245,6 +249,7 @@ pub fn stats_line(
         "store": store.stats(),
         "store_fs": filesystem,
         "fsync_us": workloads::hist::encode(&store.sync_histogram()),
+        "state_fsync_us": workloads::hist::encode(&state_syncs.histogram()),
         "store_failed": store.failure(),
     });
     match transport_core::procfs::self_cpu_time() {

@@ -30,6 +30,9 @@ pub struct Durability {
     pub applied: u64,
     /// Server processes whose statistics are summed (2 after a restart).
     pub server_processes: u32,
+    /// Syncs of the server's own state beside the store (the MQTT broker's persistent sessions; histogram
+    /// `state_fsync`); 0 for a server that keeps none.
+    pub state_syncs: u64,
 }
 
 impl Durability {
@@ -56,6 +59,10 @@ pub struct ServerStats {
     /// Why its store failed, if it did.
     #[serde(default)]
     pub store_failed: Option<String>,
+    /// Every sync of the server's own state (the MQTT broker's session files), as `fsync_us`; empty from servers
+    /// that predate it.
+    #[serde(default)]
+    pub state_fsync_us: String,
 }
 
 impl ServerStats {
@@ -79,6 +86,26 @@ impl ServerStats {
         crate::hist::decode(&self.fsync_us)
             .map_err(|e| WorkloadError::Stats(format!("fsync_us: {e}")))
     }
+
+    /// The histogram of the server's own state's syncs (empty where it reported none).
+    pub fn state_fsync_histogram(&self) -> Result<Histogram<u64>, WorkloadError> {
+        if self.state_fsync_us.is_empty() {
+            return Ok(crate::hist::new());
+        }
+        crate::hist::decode(&self.state_fsync_us)
+            .map_err(|e| WorkloadError::Stats(format!("state_fsync_us: {e}")))
+    }
+}
+
+/// What [`summarize`] makes of a run's servers.
+#[derive(Debug)]
+pub struct Summary {
+    /// The store's settings and what it did.
+    pub durability: Durability,
+    /// Every fsync of the store.
+    pub fsync: Histogram<u64>,
+    /// Every sync of the servers' own state (empty for most servers).
+    pub state_fsync: Histogram<u64>,
 }
 
 fn quote(value: &serde_json::Value) -> String {
@@ -90,12 +117,12 @@ fn quote(value: &serde_json::Value) -> String {
 }
 
 /// Sum the latest statistics of each server process of a run (`lasts`, in order) into the run's durability and
-/// fsync histogram. `None` when no server reported any (a run that never started one).
+/// fsync histograms. `None` when no server reported any (a run that never started one).
 pub fn summarize(
     sync: &str,
     server_threads: usize,
     lasts: &[ServerStats],
-) -> Result<Option<(Durability, Histogram<u64>)>, WorkloadError> {
+) -> Result<Option<Summary>, WorkloadError> {
     let Some(first) = lasts.first() else {
         return Ok(None);
     };
@@ -106,6 +133,7 @@ pub fn summarize(
         ..Durability::default()
     };
     let mut fsync = crate::hist::new();
+    let mut state_fsync = crate::hist::new();
     for s in lasts {
         d.syncs += s.store.syncs;
         d.groups += s.store.groups;
@@ -114,8 +142,16 @@ pub fn summarize(
         fsync
             .add(s.fsync_histogram()?)
             .map_err(|e| WorkloadError::Stats(format!("fsync_us: {e}")))?;
+        state_fsync
+            .add(s.state_fsync_histogram()?)
+            .map_err(|e| WorkloadError::Stats(format!("state_fsync_us: {e}")))?;
     }
-    Ok(Some((d, fsync)))
+    d.state_syncs = state_fsync.len();
+    Ok(Some(Summary {
+        durability: d,
+        fsync,
+        state_fsync,
+    }))
 }
 
 #[cfg(test)]
@@ -140,12 +176,31 @@ mod tests {
     #[test]
     fn servers_are_summed() {
         let a = ServerStats::parse(&line(2, &[100, 300])).unwrap();
-        let b = ServerStats::parse(&line(1, &[5000])).unwrap();
-        let (d, h) = summarize("batch", 1, &[a, b]).unwrap().unwrap();
+        let mut state = crate::hist::new();
+        state.record(700).unwrap();
+        let mut with_state = line(1, &[5000]);
+        with_state["state_fsync_us"] = crate::hist::encode(&state).into();
+        let b = ServerStats::parse(&with_state).unwrap();
+        let s = summarize("batch", 1, &[a, b]).unwrap().unwrap();
+        let d = &s.durability;
         assert_eq!((d.syncs, d.groups, d.server_processes), (3, 3, 2));
-        assert_eq!(h.len(), 3);
+        assert_eq!(s.fsync.len(), 3);
+        assert_eq!(
+            (d.state_syncs, s.state_fsync.len()),
+            (1, 1),
+            "one server had state"
+        );
+        assert_eq!(s.state_fsync.max(), s.state_fsync.highest_equivalent(700));
         assert!(d.volatile_sync(), "batch sync on tmpfs");
         assert!(summarize("batch", 1, &[]).unwrap().is_none());
+    }
+
+    #[test]
+    fn a_broken_state_histogram_is_an_error_not_a_zero() {
+        let mut broken = line(1, &[100]);
+        broken["state_fsync_us"] = "not base64".into();
+        let s = ServerStats::parse(&broken).unwrap();
+        assert!(summarize("batch", 1, &[s]).is_err());
     }
 
     #[test]

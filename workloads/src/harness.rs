@@ -503,11 +503,12 @@ impl<'a> Run<'a> {
             .map(ServerStats::parse)
             .collect::<Result<Vec<_>, _>>()?;
         let h = self.harness;
-        if let Some((d, fsync)) =
-            crate::durability::summarize(h.sync.name(), h.server_threads, &lasts)?
-        {
-            self.result.durability = Some(d);
-            self.histogram("store_fsync", &fsync);
+        if let Some(s) = crate::durability::summarize(h.sync.name(), h.server_threads, &lasts)? {
+            self.result.durability = Some(s.durability);
+            self.histogram("store_fsync", &s.fsync);
+            if !s.state_fsync.is_empty() {
+                self.histogram("state_fsync", &s.state_fsync);
+            }
         }
         Ok(())
     }

@@ -76,6 +76,7 @@ impl Harness {
                     store: Arc::new(store),
                     state_dir,
                     counters,
+                    state_syncs: Arc::default(),
                     ready,
                 };
                 let serve = transport.serve(config);

@@ -6,7 +6,10 @@
 
 use crate::order::{Order, OrderId, MAX_PAYLOAD};
 use crate::transport::BoxFuture;
+use hdrhistogram::Histogram;
 use serde::{Deserialize, Serialize};
+use std::sync::Mutex;
+use std::time::{Duration, Instant};
 
 /// What a commit did with one order.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
@@ -53,5 +56,57 @@ pub fn check_payloads(orders: &[Order]) -> Result<(), CommitError> {
             len: o.payload.len(),
         }),
         None => Ok(()),
+    }
+}
+
+/// The syncs of a server's own durable state beside the order store (the MQTT broker's persistent sessions): each
+/// `fsync` or `fdatasync`'s time, recorded where it returns, in an HDR histogram of microseconds that the runner's
+/// `stats` answer carries (`state_fsync` in a result). A server that keeps no state of its own records nothing.
+#[derive(Debug)]
+pub struct StateSyncs {
+    us: Mutex<Histogram<u64>>,
+}
+
+/// The longest sync the histogram holds apart (60 s); a longer one counts as 60 s.
+const MAX_SYNC_US: u64 = 60_000_000;
+
+impl Default for StateSyncs {
+    fn default() -> Self {
+        StateSyncs {
+            us: Mutex::new(Histogram::new_with_bounds(1, MAX_SYNC_US, 3).expect("valid bounds")),
+        }
+    }
+}
+
+impl StateSyncs {
+    /// Run `sync` (one `fsync` or `fdatasync`) and record how long it took, whether it failed or not.
+    pub fn time<T>(&self, sync: impl FnOnce() -> std::io::Result<T>) -> std::io::Result<T> {
+        let start = Instant::now();
+        let result = sync();
+        self.record(start.elapsed());
+        result
+    }
+
+    /// Record one sync that took `took`.
+    pub fn record(&self, took: Duration) {
+        let us = u64::try_from(took.as_micros()).unwrap_or(MAX_SYNC_US);
+        self.lock().saturating_record(us.clamp(1, MAX_SYNC_US));
+    }
+
+    /// Syncs recorded so far.
+    pub fn count(&self) -> u64 {
+        self.lock().len()
+    }
+
+    /// A copy of the histogram (µs).
+    pub fn histogram(&self) -> Histogram<u64> {
+        self.lock().clone()
+    }
+
+    fn lock(&self) -> std::sync::MutexGuard<'_, Histogram<u64>> {
+        // A histogram is never left half-updated by a panic elsewhere: keep using it.
+        self.us
+            .lock()
+            .unwrap_or_else(|poisoned| poisoned.into_inner())
     }
 }

@@ -24,7 +24,7 @@ pub mod order;
 pub mod procfs;
 pub mod transport;
 
-pub use commit::{CommitError, OrderStore, Outcome, SharedStore};
+pub use commit::{CommitError, OrderStore, Outcome, SharedStore, StateSyncs};
 pub use counters::{AsymCosts, CounterSnapshot, Counters};
 pub use order::{device_name, sender_id, Order, OrderId, MAX_PAYLOAD};
 pub use transport::{

@@ -126,6 +126,9 @@ pub struct ServeConfig {
     pub state_dir: PathBuf,
     /// Where the server counts handshakes, asymmetric operations and refusals.
     pub counters: Arc<Counters>,
+    /// Where the server records the time of every sync of its own state in `state_dir` (nothing for a server that
+    /// keeps none).
+    pub state_syncs: Arc<crate::commit::StateSyncs>,
     /// Send once when listening: the bound address and the public key or certificate fingerprint.
     pub ready: oneshot::Sender<Ready>,
 }

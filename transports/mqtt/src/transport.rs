@@ -230,6 +230,7 @@ impl Transport for Mqtt {
                     // Persistent sessions live beside the orders: both are the server's durable state.
                     let broker_config = BrokerConfig {
                         state_dir: Some(config.state_dir.clone()),
+                        state_syncs: config.state_syncs.clone(),
                         ..broker_config
                     };
                     let broker = RunningBroker::new(broker_config, config.store, config.counters)

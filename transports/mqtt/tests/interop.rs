@@ -496,6 +496,7 @@ async fn the_mosquitto_variant_serves_through_the_trait() {
         store: Arc::new(transport_store::StoreHandle::spawn(store)),
         state_dir: dir.path().join("store"),
         counters: Arc::new(Counters::default()),
+        state_syncs: Arc::default(),
         ready,
     }));
     let addr = tokio::time::timeout(15 * SECOND, ready_rx)

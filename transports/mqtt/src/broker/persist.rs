@@ -48,6 +48,7 @@ use std::os::unix::fs::{OpenOptionsExt, PermissionsExt};
 use std::path::{Path, PathBuf};
 use std::sync::{mpsc, Arc};
 use tokio::sync::{oneshot, watch};
+use transport_core::StateSyncs;
 
 /// The snapshot's file name in the state directory.
 pub const SNAPSHOT_FILE: &str = "mqtt-sessions.snap";
@@ -143,6 +144,15 @@ impl SessionStore {
     /// Lock and read the session files in `dir` (creating it if needed), replay them into `state`, compact, turn
     /// the state's journal on and start the writer thread.
     pub fn open(dir: &Path, state: &mut State) -> Result<(SessionStore, Recovery), PersistError> {
+        Self::open_recording(dir, state, Arc::default())
+    }
+
+    /// As [`SessionStore::open`], recording the time of every sync of the session files in `syncs`.
+    pub fn open_recording(
+        dir: &Path,
+        state: &mut State,
+        syncs: Arc<StateSyncs>,
+    ) -> Result<(SessionStore, Recovery), PersistError> {
         std::fs::create_dir_all(dir).map_err(io_err(dir))?;
         let log_path = dir.join(JOURNAL_FILE);
         let mut log = OpenOptions::new()
@@ -177,14 +187,14 @@ impl SessionStore {
         // Fold everything into a new snapshot and start a fresh journal after it.
         recovery.generation = generation + 1;
         let snapshot = state.snapshot();
-        install(dir, &mut log, &snapshot, recovery.generation)?;
+        install(dir, &mut log, &snapshot, recovery.generation, &syncs)?;
         state.enable_journal();
         let (durable_tx, durable) = watch::channel(Durable::default());
         let (tx, rx) = mpsc::channel();
         let writer_dir = dir.to_path_buf();
         std::thread::Builder::new()
             .name("mqtt-sessions".into())
-            .spawn(move || writer(writer_dir, log, recovery.generation, rx, durable_tx))
+            .spawn(move || writer(writer_dir, log, recovery.generation, rx, durable_tx, syncs))
             .map_err(io_err(dir))?;
         let store = SessionStore {
             tx,
@@ -356,6 +366,7 @@ fn install(
     log: &mut File,
     snapshot: &[u8],
     generation: u64,
+    syncs: &StateSyncs,
 ) -> Result<(), PersistError> {
     let tmp = dir.join(format!("{SNAPSHOT_FILE}.tmp"));
     let path = dir.join(SNAPSHOT_FILE);
@@ -375,18 +386,18 @@ fn install(
         .map_err(io_err(&tmp))?;
     f.write_all(&header(SNAPSHOT_MAGIC, generation))
         .and_then(|()| f.write_all(snapshot))
-        .and_then(|()| f.sync_all())
+        .and_then(|()| syncs.time(|| f.sync_all()))
         .map_err(io_err(&tmp))?;
     drop(f);
     std::fs::rename(&tmp, &path).map_err(io_err(&path))?;
     File::open(dir)
-        .and_then(|d| d.sync_all())
+        .and_then(|d| syncs.time(|| d.sync_all()))
         .map_err(io_err(dir))?;
     // A crash from here until the new header is synced leaves a journal of the old generation: ignored next start.
     let log_path = dir.join(JOURNAL_FILE);
     log.set_len(0)
         .and_then(|()| log.write_all(&header(JOURNAL_MAGIC, generation)))
-        .and_then(|()| log.sync_data())
+        .and_then(|()| syncs.time(|| log.sync_data()))
         .map_err(io_err(&log_path))
 }
 
@@ -397,6 +408,7 @@ fn writer(
     mut generation: u64,
     rx: mpsc::Receiver<Request>,
     durable: watch::Sender<Durable>,
+    syncs: Arc<StateSyncs>,
 ) {
     let log_path = dir.join(JOURNAL_FILE);
     let mut buf = Vec::new();
@@ -414,8 +426,9 @@ fn writer(
                 }
                 Request::Compact(snapshot, s) => {
                     if failed.is_none() {
-                        let written = flush(&mut log, &mut buf, &log_path)
-                            .and_then(|()| install(&dir, &mut log, &snapshot, generation + 1));
+                        let written = flush(&mut log, &mut buf, &log_path, &syncs).and_then(|()| {
+                            install(&dir, &mut log, &snapshot, generation + 1, &syncs)
+                        });
                         match written {
                             Ok(()) => generation += 1,
                             Err(e) => failed = Some(e.to_string().into()),
@@ -432,7 +445,7 @@ fn writer(
             next = rx.try_recv().ok();
         }
         if failed.is_none() && !buf.is_empty() {
-            if let Err(e) = flush(&mut log, &mut buf, &log_path) {
+            if let Err(e) = flush(&mut log, &mut buf, &log_path, &syncs) {
                 failed = Some(e.to_string().into());
             }
         }
@@ -450,12 +463,17 @@ fn writer(
     }
 }
 
-fn flush(log: &mut File, buf: &mut Vec<u8>, path: &Path) -> Result<(), PersistError> {
+fn flush(
+    log: &mut File,
+    buf: &mut Vec<u8>,
+    path: &Path,
+    syncs: &StateSyncs,
+) -> Result<(), PersistError> {
     if buf.is_empty() {
         return Ok(());
     }
     log.write_all(buf)
-        .and_then(|()| log.sync_data())
+        .and_then(|()| syncs.time(|| log.sync_data()))
         .map_err(io_err(path))?;
     buf.clear();
     Ok(())

@@ -34,7 +34,7 @@ use tokio::task::JoinSet;
 use tokio::time::Instant;
 use tokio_rustls::TlsAcceptor;
 use transport_core::commit::SharedStore;
-use transport_core::{Counters, TransportError};
+use transport_core::{Counters, StateSyncs, TransportError};
 
 /// The broker's settings.
 #[derive(Debug, Clone)]
@@ -60,6 +60,8 @@ pub struct BrokerConfig {
     /// Where persistent sessions are kept across restarts (`None`: in memory only). The driver uses the store's
     /// directory: the broker's sessions are server state like the orders beside them, kept and reset with them.
     pub state_dir: Option<PathBuf>,
+    /// Where the time of every sync of the session files is recorded.
+    pub state_syncs: Arc<StateSyncs>,
 }
 
 impl Default for BrokerConfig {
@@ -74,6 +76,7 @@ impl Default for BrokerConfig {
             sys_interval: Duration::from_secs(10),
             write_batch: 64 * 1024,
             state_dir: None,
+            state_syncs: Arc::default(),
         }
     }
 }
@@ -203,7 +206,8 @@ impl Broker {
         );
         let (sessions, recovery) = match &config.state_dir {
             Some(dir) => {
-                let (sessions, recovery) = SessionStore::open(dir, &mut state)?;
+                let (sessions, recovery) =
+                    SessionStore::open_recording(dir, &mut state, config.state_syncs.clone())?;
                 (Some(sessions), Some(recovery))
             }
             None => (None, None),

@@ -218,3 +218,22 @@ async fn the_session_files_are_private_and_never_written_through_a_planted_symli
     ));
     assert_eq!(std::fs::read(&victim).unwrap(), b"keep me");
 }
+
+/// Every sync of the session files is timed: the three of opening (snapshot, directory, journal header) and one per
+/// group of records written, and nothing when nothing was written.
+#[tokio::test]
+async fn every_sync_of_the_session_files_is_recorded() {
+    let dir = tempfile::tempdir().unwrap();
+    let syncs = Arc::new(StateSyncs::default());
+    let mut s = state();
+    let (mut store, _) = SessionStore::open_recording(dir.path(), &mut s, syncs.clone()).unwrap();
+    assert_eq!(syncs.count(), 3, "snapshot, directory, journal header");
+    make_session(&mut s);
+    let records = s.take_journal().unwrap();
+    let seq = store.append(records, || unreachable!("too small to compact"));
+    store.durable(seq).await.unwrap();
+    assert_eq!(syncs.count(), 4, "one group, one fdatasync");
+    store.close().await;
+    assert_eq!(syncs.count(), 4, "closing writes nothing more");
+    assert!(syncs.histogram().max() >= 1);
+}
