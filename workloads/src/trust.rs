@@ -6,8 +6,9 @@
 //! the load generator was the limit (`generator_bound`, see [`crate::lag`]; for a restart also when it was busy
 //! through the 10 s after the restart, the window its reconnect columns measure; for publish/subscribe when its own
 //! sockets dropped datagrams that messages were lost in), when the store synced on a memory
-//! filesystem (a sync there is free and proves nothing, see [`crate::durability`]), or when its durability is not on
-//! record (results of older versions).
+//! filesystem (a sync there is free and proves nothing, see [`crate::durability`]), when it asked for TCP Fast Open
+//! and a server refused the data of a SYN (`fast_open_refused`: its numbers are those of the full handshake), or when
+//! its durability is not on record (results of older versions).
 
 use crate::result::RunResult;
 
@@ -156,6 +157,17 @@ mod tests {
         assert!(flags(&failed)[0].starts_with("error: "));
         failed.skipped = Some("n/a".into());
         assert!(trusted(&failed));
+    }
+
+    #[test]
+    fn tcp_fast_open_asked_for_and_refused_is_a_doubt() {
+        assert!(trusted(&result(&[
+            ("fast_open", 100.0),
+            ("fast_open_refused", 0.0)
+        ])));
+        let f = flags(&result(&[("fast_open", 0.0), ("fast_open_refused", 20.0)]));
+        assert_eq!(f.len(), 1, "{f:?}");
+        assert!(f[0].starts_with("20 connections whose SYN data"), "{f:?}");
     }
 
     #[test]
