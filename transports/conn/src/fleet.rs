@@ -411,8 +411,28 @@ impl<C: Connector> Fleet for ConnFleet<C> {
     }
 }
 
-/// An order handed to a device and not yet answered.
-type InFlight = BoxFuture<'static, (OrderId, u64, Result<Answer, TransportError>)>;
+/// An order sent and not yet answered: the connector's future for its answer, tagged with the order and the
+/// generation of the connection it went on (no second allocation per order around the connector's).
+struct InFlight {
+    id: OrderId,
+    generation: u64,
+    answer: BoxFuture<'static, Result<Answer, TransportError>>,
+}
+
+impl std::future::Future for InFlight {
+    type Output = (OrderId, u64, Result<Answer, TransportError>);
+
+    fn poll(
+        mut self: std::pin::Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<Self::Output> {
+        let (id, generation) = (self.id, self.generation);
+        self.answer
+            .as_mut()
+            .poll(cx)
+            .map(|result| (id, generation, result))
+    }
+}
 
 /// The state of one device's task.
 struct Device<C: Connector> {
@@ -699,9 +719,11 @@ impl<C: Connector> Device<C> {
                 if again {
                     Counters::inc(&counters.resent_reconnect);
                 }
-                let id = order.id;
-                let answer = connector.send_order(conn, order);
-                in_flight.push(Box::pin(async move { (id, generation, answer.await) }));
+                in_flight.push(InFlight {
+                    id: order.id,
+                    generation,
+                    answer: connector.send_order(conn, order),
+                });
             });
         self.pubsub.send_unsent(
             &*self.connector,

@@ -103,6 +103,11 @@ fn get_id(body: &mut &[u8]) -> Result<OrderId, FrameError> {
     })
 }
 
+/// The length of an order's body as [`encode_order_body`] writes it.
+pub fn order_body_len(order: &Order) -> usize {
+    ID_LEN + 8 + 4 + order.payload.len()
+}
+
 /// Append an order's body (no length prefix, no type byte) to `out`.
 ///
 /// The payload must not exceed [`MAX_FRAME_PAYLOAD`]; a longer one is still encoded here but refused by every decoder.

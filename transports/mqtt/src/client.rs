@@ -29,11 +29,13 @@
 //! a delivery, then acknowledged with PUBACK if it is QoS 1 [MQTT-4.3.2-2].
 
 use crate::codec::{
-    encode_publish, read_packet, ConnAck, Connect, ConnectReturnCode, DecodeError, EncodeError,
-    Packet, PacketId, QoS, Subscribe, SubscribeReturnCode,
+    encode_publish, encode_publish_head, read_packet, ConnAck, Connect, ConnectReturnCode,
+    DecodeError, EncodeError, Packet, PacketId, QoS, Subscribe, SubscribeReturnCode,
 };
 use bytes::{Bytes, BytesMut};
-use std::collections::HashMap;
+// The per-order maps hash with foldhash, not std's SipHash: a device looks each order up several times, and the
+// keys are the generator's own (no one else chooses them).
+use foldhash::{HashMap, HashSet};
 use std::net::SocketAddr;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
@@ -46,7 +48,7 @@ use tokio_rustls::client::TlsStream;
 use tokio_rustls::TlsConnector;
 use transport_conn::fleet::{self, Answer, Connector, Deliveries, Delivery, SubAck};
 use transport_core::counters::Counters;
-use transport_core::framing::encode_order_body;
+use transport_core::framing::{encode_order_body, order_body_len};
 use transport_core::net::fast_open;
 use transport_core::{device_name, BoxFuture, Order, OrderId, Publish, TransportError};
 use transport_tls::{ClientTls, SERVER_NAME};
@@ -224,7 +226,7 @@ enum Use {
 struct DeviceIds {
     last: u16,
     by_use: HashMap<Use, PacketId>,
-    in_use: std::collections::HashSet<u16>,
+    in_use: HashSet<u16>,
 }
 
 impl DeviceIds {
@@ -335,13 +337,13 @@ impl OrderConnector {
         what: Use,
         id: PacketId,
         frame: Bytes,
-    ) -> BoxFuture<'static, Result<Reply, TransportError>> {
+    ) -> impl std::future::Future<Output = Result<Reply, TransportError>> + Send + 'static {
         let (tx, rx) = oneshot::channel();
         lock(&conn.waiters).insert(id, tx);
         let sent = conn.send(frame, None);
         let ids = self.ids.clone();
         let device = conn.device as usize;
-        Box::pin(async move {
+        async move {
             sent?;
             let reply = rx.await.map_err(|_| {
                 TransportError::Protocol("connection closed before the answer".into())
@@ -350,7 +352,7 @@ impl OrderConnector {
                 lock(slot).release(&what);
             }
             Ok(reply)
-        })
+        }
     }
 }
 
@@ -490,19 +492,20 @@ impl Connector for OrderConnector {
         let what = Use::Order(id);
         let prepared = (|| -> Result<_, TransportError> {
             let (packet_id, dup) = self.packet_id(conn, what)?;
-            let mut body = BytesMut::with_capacity(order.payload.len() + 40);
-            encode_order_body(order, &mut body);
-            let mut frame = BytesMut::with_capacity(body.len() + conn.topic.len() + 8);
-            encode_publish(
+            // One buffer: the PUBLISH's head, then the order's body written in place.
+            let body = order_body_len(order);
+            let mut frame = BytesMut::with_capacity(body + conn.topic.len() + 9);
+            encode_publish_head(
                 &mut frame,
                 dup,
                 QoS::AtLeastOnce,
                 false,
                 &conn.topic,
                 Some(packet_id),
-                &body,
+                body,
             )
             .map_err(|e| TransportError::Protocol(e.to_string()))?;
+            encode_order_body(order, &mut frame);
             Ok(self.request(conn, what, packet_id, frame.freeze()))
         })();
         Box::pin(async move {
@@ -658,6 +661,8 @@ async fn read_acks<R: AsyncRead + Unpin>(mut rd: ReadHalf<R>, mut buf: BytesMut,
         mut connack_due,
     } = acks_to;
     let mut at = std::time::Instant::now();
+    // The answers of one read, resolved under one lock of the waiters.
+    let mut replies: Vec<(PacketId, Reply)> = Vec::new();
     'read: loop {
         let mut acks = BytesMut::new();
         loop {
@@ -697,10 +702,9 @@ async fn read_acks<R: AsyncRead + Unpin>(mut rd: ReadHalf<R>, mut buf: BytesMut,
                 Ok(None) => break,
                 Err(_) => break 'read,
             };
-            if let Some(w) = lock(&waiters).remove(&id) {
-                let _ = w.send(reply);
-            }
+            replies.push((id, reply));
         }
+        resolve(&waiters, &mut replies);
         if !acks.is_empty() {
             let _ = out.send(Outgoing {
                 bytes: acks.freeze(),
@@ -712,8 +716,23 @@ async fn read_acks<R: AsyncRead + Unpin>(mut rd: ReadHalf<R>, mut buf: BytesMut,
             _ => break,
         }
     }
+    // Answers read before the connection broke still count.
+    resolve(&waiters, &mut replies);
     lock(&waiters).clear();
     let _ = closed.send(true);
+}
+
+/// Hand each answer to the request waiting for it.
+fn resolve(waiters: &Waiters, replies: &mut Vec<(PacketId, Reply)>) {
+    if replies.is_empty() {
+        return;
+    }
+    let mut waiting = lock(waiters);
+    for (id, reply) in replies.drain(..) {
+        if let Some(w) = waiting.remove(&id) {
+            let _ = w.send(reply);
+        }
+    }
 }
 
 /// Write queued packets, all that are queued in one write, then tell the QoS 0 publishers theirs are written;

@@ -2,7 +2,8 @@
 //! (amortised): a device may hold hundreds of thousands of orders (a drain's backlog), and a scan of them per answer
 //! would make the load generator, not the server, the thing measured.
 
-use std::collections::{HashMap, VecDeque};
+use foldhash::HashMap;
+use std::collections::VecDeque;
 use tokio::time::Instant;
 use transport_core::{Order, OrderId};
 

@@ -50,6 +50,23 @@ pub fn encode_publish<B: BufMut>(
     packet_id: Option<PacketId>,
     payload: &[u8],
 ) -> Result<(), EncodeError> {
+    encode_publish_head(buf, dup, qos, retain, topic, packet_id, payload.len())?;
+    buf.put_slice(payload);
+    Ok(())
+}
+
+/// Encode a PUBLISH up to its payload, for a payload of `payload_len` bytes that the caller writes right after:
+/// a client that builds its payload in place (an order's body) needs no second buffer. Nothing is written if an
+/// error is returned.
+pub fn encode_publish_head<B: BufMut>(
+    buf: &mut B,
+    dup: bool,
+    qos: QoS,
+    retain: bool,
+    topic: &str,
+    packet_id: Option<PacketId>,
+    payload_len: usize,
+) -> Result<(), EncodeError> {
     if (qos == QoS::AtMostOnce) != packet_id.is_none() {
         return Err(EncodeError::PacketIdMismatch);
     }
@@ -58,7 +75,7 @@ pub fn encode_publish<B: BufMut>(
     }
     let remaining = field_len(topic.len(), "topic name")?
         + if packet_id.is_some() { 2 } else { 0 }
-        + payload.len();
+        + payload_len;
     let first =
         (PacketType::Publish as u8) << 4 | u8::from(dup) << 3 | (qos as u8) << 1 | u8::from(retain);
     put_header(buf, first, remaining)?;
@@ -66,7 +83,6 @@ pub fn encode_publish<B: BufMut>(
     if let Some(id) = packet_id {
         buf.put_u16(id.get());
     }
-    buf.put_slice(payload);
     Ok(())
 }
 

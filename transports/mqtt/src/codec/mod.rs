@@ -14,7 +14,7 @@ mod decode;
 mod encode;
 
 pub use decode::{check, read_packet, FrameHeader};
-pub use encode::encode_publish;
+pub use encode::{encode_publish, encode_publish_head};
 
 use bytes::Bytes;
 use std::num::NonZeroU16;

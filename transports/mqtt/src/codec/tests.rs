@@ -433,3 +433,45 @@ fn encode_refuses_what_cannot_be_said() {
     assert_eq!(none.encode(&mut v), Err(EncodeError::NoTopicFilters));
     assert!(v.is_empty(), "nothing written on error");
 }
+
+#[test]
+fn a_publish_head_and_its_payload_written_after_are_the_publish() {
+    // The lengths that move the remaining length's encoding from 1 to 2 and from 2 to 3 bytes.
+    for len in [0usize, 1, 100, 114, 115, 16_370, 16_371, 20_000] {
+        let payload: Vec<u8> = (0..len).map(|i| i as u8).collect();
+        for (qos, packet_id, dup) in [
+            (QoS::AtMostOnce, None, false),
+            (QoS::AtLeastOnce, Some(id(7)), false),
+            (QoS::AtLeastOnce, Some(id(7)), true),
+        ] {
+            let mut whole = BytesMut::new();
+            encode_publish(
+                &mut whole,
+                dup,
+                qos,
+                false,
+                "orders/dev-1",
+                packet_id,
+                &payload,
+            )
+            .unwrap();
+            let mut parts = BytesMut::new();
+            encode_publish_head(&mut parts, dup, qos, false, "orders/dev-1", packet_id, len)
+                .unwrap();
+            parts.extend_from_slice(&payload);
+            assert_eq!(parts, whole, "payload of {len} bytes, {qos:?}");
+            let mut buf = whole.clone();
+            match read_packet(&mut buf, usize::MAX) {
+                Ok(Some(Packet::Publish(p))) => assert_eq!(&p.payload[..], &payload[..]),
+                other => panic!("{other:?}"),
+            }
+            assert!(buf.is_empty());
+        }
+    }
+    // A QoS 0 head with an identifier is refused before anything is written.
+    let mut buf = BytesMut::new();
+    assert!(
+        encode_publish_head(&mut buf, false, QoS::AtMostOnce, false, "t", Some(id(1)), 3).is_err()
+    );
+    assert!(buf.is_empty());
+}
