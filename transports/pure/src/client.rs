@@ -19,9 +19,10 @@
 use crate::crypto::NodeKey;
 use crate::sender::{Sender, SenderConfig, SenderEvent};
 use crate::wire::{self, KeyId};
+use foldhash::{HashMap, HashMapExt};
 use rand::rngs::StdRng;
 use std::cmp::Reverse;
-use std::collections::{BinaryHeap, HashMap};
+use std::collections::BinaryHeap;
 use std::net::SocketAddr;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
@@ -148,10 +149,12 @@ impl PureFleet {
                 )
             })?;
             transport_core::net::set_buffers(&socket, 4 << 20)?;
+            // Connected to the receiver, as a device talks to one service: the kernel keeps the route instead of
+            // looking it up for every datagram, and takes datagrams from the receiver's address only.
+            socket.connect(server).await?;
             let (tx, rx) = mpsc::unbounded_channel();
             let shard = Shard::new(
                 socket,
-                server,
                 members,
                 events.clone(),
                 outstanding.clone(),
@@ -269,8 +272,8 @@ impl Drop for PureFleet {
 }
 
 struct Shard {
+    /// Connected to the receiver.
     socket: UdpSocket,
-    server: SocketAddr,
     devices: Vec<(u32, Sender)>,
     by_key: HashMap<KeyId, usize>,
     by_device: HashMap<u32, usize>,
@@ -283,12 +286,13 @@ struct Shard {
     counters: Arc<Counters>,
     /// Subscriptions not answered yet, by (device index, channel).
     waiters: HashMap<(usize, u32), Vec<oneshot::Sender<Answered>>>,
+    /// The datagram being filled, kept between flushes.
+    out: Vec<u8>,
 }
 
 impl Shard {
     fn new(
         socket: UdpSocket,
-        server: SocketAddr,
         devices: Vec<(u32, Sender)>,
         events: mpsc::UnboundedSender<LinkEvent>,
         outstanding: Arc<Outstanding>,
@@ -307,7 +311,6 @@ impl Shard {
         let scheduled = vec![None; devices.len()];
         Shard {
             socket,
-            server,
             devices,
             by_key,
             by_device,
@@ -318,6 +321,7 @@ impl Shard {
             outstanding,
             counters,
             waiters: HashMap::new(),
+            out: Vec::with_capacity(wire::MAX_DATAGRAM),
         }
     }
 
@@ -340,12 +344,12 @@ impl Shard {
                         self.command(now, cmd);
                     }
                 }
-                r = self.socket.recv_from(&mut buf) => {
+                r = self.socket.recv(&mut buf) => {
                     let now = Instant::now();
-                    if let Ok((n, _)) = r {
+                    if let Ok(n) = r {
                         self.datagram(now, &buf[..n]);
                     }
-                    while let Ok((n, _)) = self.socket.try_recv_from(&mut buf) {
+                    while let Ok(n) = self.socket.try_recv(&mut buf) {
                         self.datagram(now, &buf[..n]);
                     }
                 }
@@ -470,12 +474,12 @@ impl Shard {
         let mut dirty = std::mem::take(&mut self.dirty);
         dirty.sort_unstable();
         dirty.dedup();
-        let mut out = Vec::with_capacity(crate::wire::MAX_DATAGRAM);
+        let mut out = std::mem::take(&mut self.out);
         for &i in &dirty {
             let now = Instant::now();
             let sender = &mut self.devices[i].1;
             while sender.poll_transmit(now, &mut out) {
-                send(&self.socket, &out, self.server).await?;
+                send(&self.socket, &out).await?;
             }
             // QoS 0 publishes are accepted as they are handed to the socket.
             self.report(now, i);
@@ -488,14 +492,15 @@ impl Shard {
         }
         self.dirty = dirty;
         self.dirty.clear();
+        self.out = out;
         Ok(())
     }
 }
 
 /// Send one datagram, waiting for buffer space if the socket is full. A receiver that is gone (ICMP port
 /// unreachable, reported on the next send) is not an error: the records are re-sent when it is back.
-async fn send(socket: &UdpSocket, data: &[u8], to: SocketAddr) -> std::io::Result<()> {
-    match socket.send_to(data, to).await {
+async fn send(socket: &UdpSocket, data: &[u8]) -> std::io::Result<()> {
+    match socket.send(data).await {
         Ok(_) => Ok(()),
         Err(e) if e.kind() == std::io::ErrorKind::ConnectionRefused => Ok(()),
         Err(e) => Err(e),

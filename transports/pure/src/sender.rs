@@ -20,7 +20,7 @@ use crate::crypto::{
     check_public, link_secret, put_record, AnswerKey, DeliverKeys, LowOrderKey, NodeKey, Sealer,
     WireKeys,
 };
-use crate::flow::{Flight, Flow, FlowConfig, ReplayWindow, Seen, REPLAY_WINDOW};
+use crate::flow::{Flight, Flow, FlowConfig, ReplayWindow, Seen, Slot, REPLAY_WINDOW};
 use crate::wire::{self, Frame, Head, Kind, Op, Record, ENC_LEN, MAX_DATAGRAM};
 use rand::rngs::StdRng;
 use rand::Rng;
@@ -353,28 +353,33 @@ impl Sender {
             return;
         };
         if self.config.kind.sealed() {
-            let key = match &out.own_keys {
-                Some(own) => Some(own.answer_key(a.receiver_run)),
-                None => self
-                    .sessions
-                    .iter()
-                    .find(|s| s.run == a.run)
-                    .map(|s| match &s.answer {
-                        Some(k) if k.run() == a.receiver_run => k.clone(),
-                        _ => s.keys.answer_key(a.receiver_run),
-                    }),
+            let verified = match &out.own_keys {
+                Some(own) => own
+                    .answer_key(a.receiver_run)
+                    .verify(a.op, a.seq, a.header, a.tag),
+                None => {
+                    let Some(s) = self.sessions.iter_mut().find(|s| s.run == a.run) else {
+                        return;
+                    };
+                    match &s.answer {
+                        // The answer key of this receiver run, kept from the last answer: nothing derived.
+                        Some(k) if k.run() == a.receiver_run => {
+                            k.verify(a.op, a.seq, a.header, a.tag)
+                        }
+                        _ => {
+                            let k = s.keys.answer_key(a.receiver_run);
+                            let ok = k.verify(a.op, a.seq, a.header, a.tag);
+                            if ok {
+                                s.answer = Some(k);
+                            }
+                            ok
+                        }
+                    }
+                }
             };
-            let Some(key) = key else {
-                return;
-            };
-            if !key.verify(a.op, a.seq, a.header, a.tag) {
+            if !verified {
                 Counters::inc(&self.counters.refused_forged);
                 return;
-            }
-            if out.own_keys.is_none() {
-                if let Some(s) = self.sessions.iter_mut().find(|s| s.run == a.run) {
-                    s.answer = Some(key);
-                }
             }
         }
         let left = self.left_runs.contains(&a.receiver_run);
@@ -564,8 +569,8 @@ impl Sender {
             let take = self.answers.len().min(MAX_DATAGRAM / frame_len * frame_len);
             buf.extend(self.answers.drain(..take));
         }
-        while let Some(key) = self.flight.next_ready() {
-            let out = self.flight.get(&key).expect("ready keys are in flight");
+        while let Some((key, slot)) = self.flight.next_ready_slot() {
+            let out = self.flight.item_at(slot);
             let fresh = match &out.sealed {
                 // Link keys depend on the receiver run: an order re-sent after a restart is sealed for the new one.
                 Some((run, _)) => {
@@ -576,15 +581,15 @@ impl Sender {
                 None => true,
             };
             if fresh {
-                self.seal(key);
+                self.seal(key, slot);
             }
-            let out = self.flight.get(&key).expect("present");
+            let out = self.flight.item_at(slot);
             let frame = &out.sealed.as_ref().expect("sealed above").1;
             if !buf.is_empty() && buf.len() + frame.len() > MAX_DATAGRAM {
                 return true;
             }
             buf.extend_from_slice(frame);
-            self.flight.sent(now, key);
+            self.flight.sent_slot(now, key, slot);
         }
         while let Some((_, _, payload)) = self.publish0.front() {
             let len = wire::record_len(self.config.kind, Op::Publish0, payload.len());
@@ -602,7 +607,7 @@ impl Sender {
                 key_id: &self.key_id,
                 run,
                 number,
-                variant: &variant,
+                variant: variant.as_slice(),
             };
             let fields = publish_fields(self.receiver_run, channel, id);
             put_record(buf, &head, sealer(&keys), &fields, &payload);
@@ -611,11 +616,11 @@ impl Sender {
         !buf.is_empty()
     }
 
-    fn seal(&mut self, key: (Op, u64)) {
+    fn seal(&mut self, key: (Op, u64), slot: Slot) {
         let (op, number) = key;
-        let run = self.run_of(&self.flight.get(&key).expect("present").item);
+        let run = self.run_of(&self.flight.item_at(slot).item);
         let (variant, keys) = self.keys_for(run);
-        let out = self.flight.get(&key).expect("present");
+        let out = self.flight.item_at(slot);
         let mut buf = [0u8; 20];
         let (fields, payload): (&[u8], &[u8]) = match &out.item {
             Item::Order(o) => {
@@ -643,12 +648,12 @@ impl Sender {
             key_id: &self.key_id,
             run,
             number,
-            variant: &variant,
+            variant: variant.as_slice(),
         };
         let mut frame = Vec::with_capacity(wire::record_len(self.config.kind, op, payload.len()));
         put_record(&mut frame, &head, sealer(&keys), fields, payload);
         let rrun = self.receiver_run;
-        let out = self.flight.get_mut(&key).expect("present");
+        let out = self.flight.item_at_mut(slot);
         out.sealed = Some((rrun, frame));
         if self.config.kind == Kind::HpkePerRequest {
             // The answer to this record is tagged with a key of its own setup.
@@ -657,24 +662,24 @@ impl Sender {
     }
 
     /// The variant header of a record on sender run `run`, and the keys it is sealed with (none for plain).
-    fn keys_for(&mut self, run: u64) -> (Vec<u8>, Option<WireKeys>) {
+    fn keys_for(&mut self, run: u64) -> (Variant, Option<WireKeys>) {
         match self.config.kind {
-            Kind::Plain => (Vec::new(), None),
+            Kind::Plain => (Variant::new(&[]), None),
             Kind::HpkePerRequest => {
                 Counters::add(&self.counters.x25519, 3);
                 let (enc, keys) = WireKeys::hpke_sender(&mut self.rng, &self.key, &self.receiver);
-                (enc.to_vec(), Some(keys))
+                (Variant::new(&enc), Some(keys))
             }
             Kind::HpkeSession => {
                 let i = self.session_for(run);
                 let s = &self.sessions[i];
-                (s.enc.to_vec(), Some(s.keys.clone()))
+                (Variant::new(&s.enc), Some(s.keys.clone()))
             }
             Kind::Link => {
                 let i = self.session_for(run);
                 let s = &self.sessions[i];
                 (
-                    self.receiver_run.to_be_bytes().to_vec(),
+                    Variant::new(&self.receiver_run.to_be_bytes()),
                     Some(s.keys.clone()),
                 )
             }
@@ -748,6 +753,28 @@ impl Sender {
 }
 
 /// The fixed fields of a publish.
+/// A record's variant header, kept on the stack: at most an encapsulated key (HPKE), a receiver run (link), or
+/// nothing (plain). Every record sealed needs one, so it is not allocated.
+struct Variant {
+    bytes: [u8; ENC_LEN],
+    len: usize,
+}
+
+impl Variant {
+    fn new(bytes: &[u8]) -> Variant {
+        let mut v = Variant {
+            bytes: [0; ENC_LEN],
+            len: bytes.len().min(ENC_LEN),
+        };
+        v.bytes[..v.len].copy_from_slice(&bytes[..v.len]);
+        v
+    }
+
+    fn as_slice(&self) -> &[u8] {
+        &self.bytes[..self.len]
+    }
+}
+
 fn publish_fields(receiver_run: u64, channel: u32, id: u64) -> [u8; 20] {
     let mut f = [0u8; 20];
     f[..8].copy_from_slice(&receiver_run.to_be_bytes());
