@@ -110,6 +110,54 @@ fn moderate_rate_runs_by_name() {
 }
 
 #[test]
+fn publish_takes_every_message_and_delivers_none() {
+    let dir = tempfile::tempdir().unwrap();
+    let results = run_and_check(
+        &dir.path().join("r.jsonl"),
+        &[
+            "--transport",
+            "mqtt,pure",
+            "--workload",
+            "publish",
+            "--profile",
+            "quick",
+            "--rounds",
+            "1",
+            "--param",
+            "pairs=2",
+            "--param",
+            "duration_s=1",
+        ],
+    );
+    assert_eq!(results.len(), 2 * 2, "64 B and 1 KiB, each transport");
+    for r in &results {
+        let name = format!("{} {} {}", r.workload, r.transport, r.params);
+        assert!(metric(r, "published") > 0.0, "{name}");
+        // QoS 1: every message handed over was acknowledged, and nobody subscribed to receive it.
+        assert_eq!(metric(r, "published"), metric(r, "accepted"), "{name}");
+        assert_eq!(metric(r, "expected"), 0.0, "{name}");
+        assert_eq!(metric(r, "delivered"), 0.0, "{name}");
+        assert!(metric(r, "published_per_s") > 0.0, "{name}");
+        assert!(metric(r, "server_cpu_us_per_message") > 0.0, "{name}");
+    }
+    // Flood's parameters, so a rate is refused: this workload is as fast as accepted.
+    let o = runner(&[
+        "--transport",
+        "mqtt",
+        "--workload",
+        "publish",
+        "--param",
+        "rate_per_s=10",
+    ]);
+    assert!(!o.status.success());
+    assert!(
+        String::from_utf8_lossy(&o.stderr).contains("rate_per_s must be 0"),
+        "{}",
+        String::from_utf8_lossy(&o.stderr)
+    );
+}
+
+#[test]
 fn check_fails_a_run_missing_a_delivery() {
     let dir = tempfile::tempdir().unwrap();
     let out = dir.path().join("r.jsonl");

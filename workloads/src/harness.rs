@@ -422,6 +422,11 @@ impl<'a> Run<'a> {
         self.result.metrics.insert(key.to_string(), value.into());
     }
 
+    /// A metric recorded so far, as a number.
+    pub fn metric_f64(&self, key: &str) -> Option<f64> {
+        self.result.metrics.get(key).and_then(|v| v.as_f64())
+    }
+
     /// Record a whole histogram.
     pub fn histogram(&mut self, key: &str, h: &hdrhistogram::Histogram<u64>) {
         self.result

@@ -37,6 +37,7 @@ pub mod moderate_rate;
 pub mod params;
 pub mod pin;
 pub mod process;
+pub mod publish;
 pub mod pubsub;
 pub mod restart;
 pub mod result;
@@ -59,6 +60,7 @@ pub static ALL: &[&dyn AnyWorkload] = &[
     &fanout::Fanout,
     &flood::Flood,
     &moderate_rate::ModerateRate,
+    &publish::Publish,
 ];
 
 /// The workload named `name`.
