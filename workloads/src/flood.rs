@@ -157,6 +157,14 @@ pub fn check(p: &FloodParams) -> Result<(), String> {
     Ok(())
 }
 
+/// Record a case's parameters as metrics (the flood's, the moderate rate's and the publish workload's).
+pub fn record_case(run: &mut Run<'_>, p: &FloodParams) {
+    run.metric("pairs", p.pairs);
+    run.metric("qos", p.qos);
+    run.metric("payload_bytes", p.payload_bytes);
+    run.metric("rate_per_s", p.rate_per_s);
+}
+
 /// Run a flood or moderate-rate case.
 pub async fn run_pairs(run: &mut Run<'_>, p: &FloodParams) -> Result<(), WorkloadError> {
     let channels: Vec<u32> = (0..p.pairs).collect();
@@ -176,9 +184,6 @@ pub async fn run_pairs(run: &mut Run<'_>, p: &FloodParams) -> Result<(), Workloa
         duration: Duration::from_secs(p.duration_s),
         drain_timeout: Duration::from_secs(p.drain_timeout_s),
     };
-    run.metric("pairs", p.pairs);
-    run.metric("qos", p.qos);
-    run.metric("payload_bytes", p.payload_bytes);
-    run.metric("rate_per_s", p.rate_per_s);
+    record_case(run, p);
     pubsub::run(run, &load).await
 }

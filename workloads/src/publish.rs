@@ -118,10 +118,7 @@ async fn publish(run: &mut Run<'_>, p: &FloodParams) -> Result<(), WorkloadError
         duration: Duration::from_secs(p.duration_s),
         drain_timeout: Duration::from_secs(p.drain_timeout_s),
     };
-    run.metric("pairs", p.pairs);
-    run.metric("qos", p.qos);
-    run.metric("payload_bytes", p.payload_bytes);
-    run.metric("rate_per_s", 0);
+    flood::record_case(run, p);
     pubsub::run(run, &load).await?;
     let cpu = run.metric_f64("server_cpu_s");
     let rate = run.metric_f64("published_per_s");
