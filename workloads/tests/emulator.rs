@@ -36,7 +36,10 @@ impl EchoServer {
     }
 
     fn start_on(addr: SocketAddr) -> Self {
-        let socket = UdpSocket::bind(addr).unwrap();
+        Self::serve(UdpSocket::bind(addr).unwrap())
+    }
+
+    fn serve(socket: UdpSocket) -> Self {
         socket
             .set_read_timeout(Some(Duration::from_millis(20)))
             .unwrap();
@@ -652,8 +655,16 @@ fn tcp_refused_upstream_resets_the_client() {
 
 #[test]
 fn udp_and_tcp_on_one_port() {
-    let server = EchoServer::start();
-    let listener = TcpListener::bind(server.addr).unwrap();
+    // A port free for both protocols: a TCP port the kernel chose, then UDP on
+    // it, trying again while another socket holds the UDP side.
+    let (listener, socket) = (0..100)
+        .find_map(|_| {
+            let listener = TcpListener::bind(LOCALHOST).ok()?;
+            let socket = UdpSocket::bind(listener.local_addr().ok()?).ok()?;
+            Some((listener, socket))
+        })
+        .expect("no port free for both UDP and TCP in 100 tries");
+    let server = EchoServer::serve(socket);
     thread::spawn(move || {
         let (mut stream, _) = listener.accept().unwrap();
         let mut buf = [0u8; 4];
