@@ -164,7 +164,13 @@ pub struct Sender {
     /// Answers to deliveries, waiting to be sent.
     answers: Vec<u8>,
     events: VecDeque<SenderEvent>,
+    /// The buffers of answered frames, reused for the next frames sealed (at most [`SPARE_FRAMES`]): a record in
+    /// flight keeps its sealed bytes for a re-send, and taking them from here saves an allocation per record.
+    spare: Vec<Vec<u8>>,
 }
+
+/// Answered frames' buffers a sender keeps for reuse: a window's worth of the default flow.
+const SPARE_FRAMES: usize = 256;
 
 impl Sender {
     /// A device with key `key` sending to the receiver whose public key is `receiver`; a receiver key of small
@@ -201,6 +207,7 @@ impl Sender {
             delivered: Default::default(),
             answers: Vec::new(),
             events: VecDeque::new(),
+            spare: Vec::new(),
         })
     }
 
@@ -395,6 +402,11 @@ impl Sender {
         self.flow.answered(rtt);
         if !left {
             self.learn_run(a.receiver_run);
+        }
+        if let Some((_, frame)) = out.sealed {
+            if self.spare.len() < SPARE_FRAMES {
+                self.spare.push(frame);
+            }
         }
         self.events.push_back(match out.item {
             Item::Order(o) => SenderEvent::Stored(o.id),
@@ -650,7 +662,9 @@ impl Sender {
             number,
             variant: variant.as_slice(),
         };
-        let mut frame = Vec::with_capacity(wire::record_len(self.config.kind, op, payload.len()));
+        let mut frame = self.spare.pop().unwrap_or_default();
+        frame.clear();
+        frame.reserve(wire::record_len(self.config.kind, op, payload.len()));
         put_record(&mut frame, &head, sealer(&keys), fields, payload);
         let rrun = self.receiver_run;
         let out = self.flight.item_at_mut(slot);
