@@ -79,6 +79,68 @@ fn setsockopt_at(
     }
 }
 
+/// The most datagrams [`send_segments`] hands the kernel in one call: under Linux's `UDP_MAX_SEGMENTS` (64) and,
+/// at Pure's largest datagram (1,200 bytes), under the 64 KiB a UDP send may carry.
+pub const MAX_SEGMENTS: usize = 32;
+
+/// Send `data` on a connected UDP socket as datagrams of `segment` bytes each (the last may be shorter) in one
+/// system call, by UDP segmentation offload (Linux's `UDP_SEGMENT`, "GSO"): the receiver gets the same datagrams as
+/// from one `send` each, and the sender pays for one system call and one pass down the stack. At most
+/// [`MAX_SEGMENTS`] datagrams. Where the kernel or the route cannot segment, the error is
+/// [`is_segmentation_unsupported`]: send the datagrams one at a time instead.
+#[cfg(target_os = "linux")]
+pub fn send_segments(socket: &impl AsRawFd, data: &[u8], segment: usize) -> io::Result<usize> {
+    let segment = u16::try_from(segment)
+        .ok()
+        .filter(|&s| s > 0 && data.len().div_ceil(usize::from(s)) <= MAX_SEGMENTS)
+        .ok_or_else(|| io::Error::from(io::ErrorKind::InvalidInput))?;
+    // SAFETY: CMSG_SPACE only computes a size.
+    const SPACE: usize = unsafe { libc::CMSG_SPACE(std::mem::size_of::<u16>() as u32) } as usize;
+    // u64 words: the control buffer is aligned for `cmsghdr`.
+    let mut control = [0u64; SPACE.div_ceil(8)];
+    let mut iov = libc::iovec {
+        iov_base: data.as_ptr() as *mut libc::c_void,
+        iov_len: data.len(),
+    };
+    // SAFETY: an all-zero msghdr is valid (no name, no buffers); the fields set below point at live locals.
+    let mut msg: libc::msghdr = unsafe { std::mem::zeroed() };
+    msg.msg_iov = &mut iov;
+    msg.msg_iovlen = 1;
+    msg.msg_control = control.as_mut_ptr().cast();
+    msg.msg_controllen = SPACE as _;
+    // SAFETY: `msg` has a control buffer of SPACE bytes, room for one cmsghdr with a u16 of data, written below
+    // within it; sendmsg reads `msg`, `iov` and `data`, which outlive the call.
+    let sent = unsafe {
+        let cmsg = libc::CMSG_FIRSTHDR(&msg);
+        (*cmsg).cmsg_level = libc::SOL_UDP;
+        (*cmsg).cmsg_type = libc::UDP_SEGMENT;
+        (*cmsg).cmsg_len = libc::CMSG_LEN(std::mem::size_of::<u16>() as u32) as _;
+        std::ptr::write_unaligned(libc::CMSG_DATA(cmsg).cast::<u16>(), segment);
+        libc::sendmsg(socket.as_raw_fd(), &msg, 0)
+    };
+    if sent < 0 {
+        Err(io::Error::last_os_error())
+    } else {
+        Ok(sent as usize)
+    }
+}
+
+/// Segmentation offload is not available here (no `UDP_SEGMENT`).
+#[cfg(not(target_os = "linux"))]
+pub fn send_segments(_socket: &impl AsRawFd, _data: &[u8], _segment: usize) -> io::Result<usize> {
+    Err(io::ErrorKind::Unsupported.into())
+}
+
+/// Whether an error of [`send_segments`] says that segmentation is not possible on this socket (an old kernel, a
+/// device without checksum offload), rather than that the datagrams could not be sent.
+pub fn is_segmentation_unsupported(error: &io::Error) -> bool {
+    error.kind() == io::ErrorKind::Unsupported
+        || matches!(
+            error.raw_os_error(),
+            Some(libc::EIO | libc::ENOPROTOOPT | libc::EOPNOTSUPP | libc::EINVAL)
+        )
+}
+
 /// TCP Fast Open (RFC 7413): a client's first bytes in its SYN, so a request costs no round trip for the TCP
 /// handshake.
 ///
@@ -269,6 +331,43 @@ mod tests {
         let s = std::net::UdpSocket::bind("127.0.0.1:0").unwrap();
         let got = super::set_buffers(&s, 1 << 20).unwrap();
         assert!(got >= 200_000, "{got}");
+    }
+
+    /// Real sockets on loopback: a segmented send arrives as the datagrams it was cut into, the last one shorter,
+    /// each with its own bytes; where the kernel cannot segment, the error says so.
+    #[test]
+    fn a_segmented_send_arrives_as_separate_datagrams() {
+        use std::net::UdpSocket;
+        let receiver = UdpSocket::bind("127.0.0.1:0").unwrap();
+        receiver
+            .set_read_timeout(Some(std::time::Duration::from_secs(5)))
+            .unwrap();
+        let sender = UdpSocket::bind("127.0.0.1:0").unwrap();
+        sender.connect(receiver.local_addr().unwrap()).unwrap();
+        let sizes = [300, 300, 300, 120];
+        let data: Vec<u8> = sizes
+            .iter()
+            .enumerate()
+            .flat_map(|(i, &n)| std::iter::repeat_n(i as u8 + 1, n))
+            .collect();
+        match super::send_segments(&sender, &data, 300) {
+            Ok(sent) => assert_eq!(sent, data.len()),
+            Err(e) if super::is_segmentation_unsupported(&e) => {
+                eprintln!("no UDP segmentation here: {e}");
+                return;
+            }
+            Err(e) => panic!("{e}"),
+        }
+        let mut buf = [0u8; 2048];
+        for (i, &n) in sizes.iter().enumerate() {
+            let got = receiver.recv(&mut buf).unwrap();
+            assert_eq!(got, n, "datagram {i}");
+            assert!(buf[..got].iter().all(|&b| b == i as u8 + 1), "datagram {i}");
+        }
+        // Too many segments for one call, or none: refused before the kernel sees it.
+        let many = vec![0u8; (super::MAX_SEGMENTS + 1) * 10];
+        assert!(super::send_segments(&sender, &many, 10).is_err());
+        assert!(super::send_segments(&sender, &data, 0).is_err());
     }
 
     /// Real sockets on loopback: where the kernel allows both ends, a client's first write rides in the SYN and

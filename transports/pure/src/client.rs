@@ -29,6 +29,7 @@ use std::sync::Arc;
 use std::time::Instant;
 use tokio::net::UdpSocket;
 use tokio::sync::{mpsc, oneshot, watch};
+use transport_core::net;
 use transport_core::{BoxFuture, Counters, Fleet, LinkEvent, Order, Publish, QoS, TransportError};
 
 /// Sockets (and tasks) a fleet of [`Sockets::Shared`] uses at most.
@@ -288,6 +289,8 @@ struct Shard {
     waiters: HashMap<(usize, u32), Vec<oneshot::Sender<Answered>>>,
     /// The datagram being filled, kept between flushes.
     out: Vec<u8>,
+    /// The datagrams ready to go, kept between flushes.
+    batch: Batch,
 }
 
 impl Shard {
@@ -322,6 +325,7 @@ impl Shard {
             counters,
             waiters: HashMap::new(),
             out: Vec::with_capacity(wire::MAX_DATAGRAM),
+            batch: Batch::default(),
         }
     }
 
@@ -475,12 +479,24 @@ impl Shard {
         dirty.sort_unstable();
         dirty.dedup();
         let mut out = std::mem::take(&mut self.out);
+        let mut batch = std::mem::take(&mut self.batch);
         for &i in &dirty {
             let now = Instant::now();
             let sender = &mut self.devices[i].1;
+            // A device's datagrams go to the kernel together, as many as one segmented send takes: all of one
+            // size but the last, which may be shorter.
             while sender.poll_transmit(now, &mut out) {
-                send(&self.socket, &out).await?;
+                if batch.count > 0
+                    && (out.len() > batch.segment || batch.count == net::MAX_SEGMENTS)
+                {
+                    batch.send(&self.socket).await?;
+                }
+                batch.push(&out);
+                if out.len() < batch.segment {
+                    batch.send(&self.socket).await?;
+                }
             }
+            batch.send(&self.socket).await?;
             // QoS 0 publishes are accepted as they are handed to the socket.
             self.report(now, i);
             if let Some(t) = self.devices[i].1.poll_timeout() {
@@ -493,6 +509,63 @@ impl Shard {
         self.dirty = dirty;
         self.dirty.clear();
         self.out = out;
+        self.batch = batch;
+        Ok(())
+    }
+}
+
+/// Datagrams of one device waiting to be sent in one system call ([`net::send_segments`]).
+#[derive(Default)]
+struct Batch {
+    data: Vec<u8>,
+    /// The size of each datagram but the last.
+    segment: usize,
+    count: usize,
+    /// Segmentation offload failed on this socket once: send one datagram per call from then on.
+    unsupported: bool,
+}
+
+impl Batch {
+    fn push(&mut self, datagram: &[u8]) {
+        if self.count == 0 {
+            self.segment = datagram.len();
+        }
+        self.data.extend_from_slice(datagram);
+        self.count += 1;
+    }
+
+    /// Send what is batched, in one call where the kernel segments UDP, else one datagram at a time.
+    async fn send(&mut self, socket: &UdpSocket) -> std::io::Result<()> {
+        let result = match self.count {
+            0 => Ok(()),
+            1 => send(socket, &self.data).await,
+            _ if !self.unsupported => {
+                let sent = socket
+                    .async_io(tokio::io::Interest::WRITABLE, || {
+                        net::send_segments(socket, &self.data, self.segment)
+                    })
+                    .await;
+                match sent {
+                    Ok(_) => Ok(()),
+                    Err(e) if e.kind() == std::io::ErrorKind::ConnectionRefused => Ok(()),
+                    Err(e) if net::is_segmentation_unsupported(&e) => {
+                        self.unsupported = true;
+                        self.send_each(socket).await
+                    }
+                    Err(e) => Err(e),
+                }
+            }
+            _ => self.send_each(socket).await,
+        };
+        self.data.clear();
+        self.count = 0;
+        result
+    }
+
+    async fn send_each(&self, socket: &UdpSocket) -> std::io::Result<()> {
+        for datagram in self.data.chunks(self.segment) {
+            send(socket, datagram).await?;
+        }
         Ok(())
     }
 }
@@ -511,5 +584,42 @@ async fn sleep_until(t: Option<Instant>) {
     match t {
         Some(t) => tokio::time::sleep_until(t.into()).await,
         None => std::future::pending().await,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Both ways a batch leaves, segmented in one call and one datagram per call (where the kernel cannot
+    /// segment): the receiver gets the same datagrams, in order.
+    #[tokio::test]
+    async fn a_batch_arrives_as_its_datagrams_either_way() {
+        for unsupported in [false, true] {
+            let receiver = UdpSocket::bind("127.0.0.1:0").await.unwrap();
+            let socket = UdpSocket::bind("127.0.0.1:0").await.unwrap();
+            socket
+                .connect(receiver.local_addr().unwrap())
+                .await
+                .unwrap();
+            let mut batch = Batch {
+                unsupported,
+                ..Batch::default()
+            };
+            let datagrams: Vec<Vec<u8>> = (1..=5u8)
+                .map(|i| vec![i; 100])
+                .chain([vec![9; 7]])
+                .collect();
+            for d in &datagrams {
+                batch.push(d);
+            }
+            batch.send(&socket).await.unwrap();
+            assert_eq!((batch.count, batch.data.len()), (0, 0));
+            let mut buf = [0u8; 256];
+            for d in &datagrams {
+                let n = receiver.recv(&mut buf).await.unwrap();
+                assert_eq!(&buf[..n], &d[..], "unsupported: {unsupported}");
+            }
+        }
     }
 }
