@@ -1,4 +1,5 @@
-//! Socket settings shared by the transports: UDP buffers, and TCP Fast Open ([`fast_open`]).
+//! Socket settings and system calls shared by the transports: UDP buffers, UDP segmentation offload on send and
+//! receive ([`send_segments`], [`recv_segments`]), and TCP Fast Open ([`fast_open`]).
 
 use std::io;
 use std::net::{Ipv4Addr, Ipv6Addr, SocketAddr, UdpSocket};
@@ -88,7 +89,6 @@ pub const MAX_SEGMENTS: usize = 32;
 /// from one `send` each, and the sender pays for one system call and one pass down the stack. At most
 /// [`MAX_SEGMENTS`] datagrams. Where the kernel or the route cannot segment, the error is
 /// [`is_segmentation_unsupported`]: send the datagrams one at a time instead.
-#[cfg(target_os = "linux")]
 pub fn send_segments(socket: &impl AsRawFd, data: &[u8], segment: usize) -> io::Result<usize> {
     let segment = u16::try_from(segment)
         .ok()
@@ -125,20 +125,112 @@ pub fn send_segments(socket: &impl AsRawFd, data: &[u8], segment: usize) -> io::
     }
 }
 
-/// Segmentation offload is not available here (no `UDP_SEGMENT`).
-#[cfg(not(target_os = "linux"))]
-pub fn send_segments(_socket: &impl AsRawFd, _data: &[u8], _segment: usize) -> io::Result<usize> {
-    Err(io::ErrorKind::Unsupported.into())
-}
-
 /// Whether an error of [`send_segments`] says that segmentation is not possible on this socket (an old kernel, a
 /// device without checksum offload), rather than that the datagrams could not be sent.
 pub fn is_segmentation_unsupported(error: &io::Error) -> bool {
-    error.kind() == io::ErrorKind::Unsupported
-        || matches!(
-            error.raw_os_error(),
-            Some(libc::EIO | libc::ENOPROTOOPT | libc::EOPNOTSUPP | libc::EINVAL)
+    matches!(
+        error.raw_os_error(),
+        Some(libc::EIO | libc::ENOPROTOOPT | libc::EOPNOTSUPP | libc::EINVAL)
+    )
+}
+
+/// Let the kernel hand `socket` runs of same-sized datagrams from one source as one buffer (Linux's `UDP_GRO`),
+/// read with [`recv_segments`]. An error where the kernel cannot.
+pub fn enable_receive_offload(socket: &impl AsRawFd) -> io::Result<()> {
+    setsockopt_at(socket.as_raw_fd(), libc::SOL_UDP, libc::UDP_GRO, 1)
+}
+
+/// What [`recv_segments`] read: `len` bytes from `from`, datagrams of `segment` bytes each but the last.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Received {
+    pub len: usize,
+    pub from: SocketAddr,
+    /// The size of each datagram in the buffer but the last; `len` when it holds one datagram.
+    pub segment: usize,
+}
+
+impl Received {
+    /// The datagrams of `buf[..len]`.
+    pub fn datagrams<'a>(&self, buf: &'a [u8]) -> std::slice::Chunks<'a, u8> {
+        buf[..self.len].chunks(self.segment.max(1))
+    }
+}
+
+/// Receive into `buf` on a socket with [`enable_receive_offload`] (or without it: then one datagram): one
+/// datagram, or a run of datagrams of one size from one source that the kernel coalesced. A datagram longer than
+/// `buf` arrives cut to its length, as with `recv_from`.
+pub fn recv_segments(socket: &impl AsRawFd, buf: &mut [u8]) -> io::Result<Received> {
+    // SAFETY: CMSG_SPACE only computes a size.
+    const SPACE: usize =
+        unsafe { libc::CMSG_SPACE(std::mem::size_of::<libc::c_int>() as u32) } as usize;
+    let mut control = [0u64; SPACE.div_ceil(8)];
+    let mut iov = libc::iovec {
+        iov_base: buf.as_mut_ptr().cast(),
+        iov_len: buf.len(),
+    };
+    // SAFETY: all-zero is a valid sockaddr_storage and msghdr; the pointers set below are to live locals.
+    let mut name: libc::sockaddr_storage = unsafe { std::mem::zeroed() };
+    let mut msg: libc::msghdr = unsafe { std::mem::zeroed() };
+    msg.msg_name = (&mut name as *mut libc::sockaddr_storage).cast();
+    msg.msg_namelen = std::mem::size_of::<libc::sockaddr_storage>() as _;
+    msg.msg_iov = &mut iov;
+    msg.msg_iovlen = 1;
+    msg.msg_control = control.as_mut_ptr().cast();
+    msg.msg_controllen = SPACE as _;
+    // SAFETY: every buffer `msg` points at is live and as long as it says.
+    let n = unsafe { libc::recvmsg(socket.as_raw_fd(), &mut msg, 0) };
+    if n < 0 {
+        return Err(io::Error::last_os_error());
+    }
+    let len = n as usize;
+    let mut segment = len;
+    // SAFETY: the kernel filled `msg_controllen` bytes of the control buffer with well-formed cmsghdrs; the walk
+    // stays within them, and a UDP_GRO message carries one int.
+    unsafe {
+        let mut cmsg = libc::CMSG_FIRSTHDR(&msg);
+        while !cmsg.is_null() {
+            if (*cmsg).cmsg_level == libc::SOL_UDP && (*cmsg).cmsg_type == libc::UDP_GRO {
+                let size = std::ptr::read_unaligned(libc::CMSG_DATA(cmsg).cast::<libc::c_int>());
+                if size > 0 {
+                    segment = size as usize;
+                }
+            }
+            cmsg = libc::CMSG_NXTHDR(&msg, cmsg);
+        }
+    }
+    let from = socket_addr(&name).ok_or_else(|| {
+        io::Error::new(
+            io::ErrorKind::InvalidData,
+            "a datagram from an address of an unknown family",
         )
+    })?;
+    Ok(Received { len, from, segment })
+}
+
+fn socket_addr(name: &libc::sockaddr_storage) -> Option<SocketAddr> {
+    match libc::c_int::from(name.ss_family) {
+        libc::AF_INET => {
+            // SAFETY: the family says the storage holds a sockaddr_in, which it is large and aligned enough for.
+            let sin =
+                unsafe { &*(name as *const libc::sockaddr_storage).cast::<libc::sockaddr_in>() };
+            Some(SocketAddr::from((
+                Ipv4Addr::from(u32::from_be(sin.sin_addr.s_addr)),
+                u16::from_be(sin.sin_port),
+            )))
+        }
+        libc::AF_INET6 => {
+            // SAFETY: as above, for sockaddr_in6.
+            let sin6 =
+                unsafe { &*(name as *const libc::sockaddr_storage).cast::<libc::sockaddr_in6>() };
+            Some(SocketAddr::V6(std::net::SocketAddrV6::new(
+                Ipv6Addr::from(sin6.sin6_addr.s6_addr),
+                u16::from_be(sin6.sin6_port),
+                u32::from_be(sin6.sin6_flowinfo),
+                sin6.sin6_scope_id,
+            )))
+        }
+        _ => None,
+    }
 }
 
 /// TCP Fast Open (RFC 7413): a client's first bytes in its SYN, so a request costs no round trip for the TCP
@@ -368,6 +460,38 @@ mod tests {
         let many = vec![0u8; (super::MAX_SEGMENTS + 1) * 10];
         assert!(super::send_segments(&sender, &many, 10).is_err());
         assert!(super::send_segments(&sender, &data, 0).is_err());
+    }
+
+    /// With receive offload on, a segmented send may arrive in one read: cut at the segment size it reports, it
+    /// gives back the datagrams sent, with the sender's address. A lone datagram is one datagram either way.
+    #[test]
+    fn coalesced_datagrams_are_cut_back_into_the_datagrams_sent() {
+        use std::net::UdpSocket;
+        let receiver = UdpSocket::bind("127.0.0.1:0").unwrap();
+        receiver
+            .set_read_timeout(Some(std::time::Duration::from_secs(5)))
+            .unwrap();
+        super::enable_receive_offload(&receiver).unwrap();
+        let sender = UdpSocket::bind("127.0.0.1:0").unwrap();
+        sender.connect(receiver.local_addr().unwrap()).unwrap();
+        let sent: Vec<Vec<u8>> = (1..=4u8).map(|i| vec![i; 200]).chain([vec![7; 50]]).collect();
+        let data = sent.concat();
+        if let Err(e) = super::send_segments(&sender, &data, 200) {
+            assert!(super::is_segmentation_unsupported(&e), "{e}");
+            for d in &sent {
+                sender.send(d).unwrap();
+            }
+        }
+        sender.send(b"alone").unwrap();
+        let mut buf = vec![0u8; 1 << 16];
+        let mut got = Vec::new();
+        while got.len() < sent.len() + 1 {
+            let r = super::recv_segments(&receiver, &mut buf).unwrap();
+            assert_eq!(r.from, sender.local_addr().unwrap());
+            got.extend(r.datagrams(&buf).map(<[u8]>::to_vec));
+        }
+        assert_eq!(got[..sent.len()], sent[..]);
+        assert_eq!(got[sent.len()], b"alone");
     }
 
     /// Real sockets on loopback: where the kernel allows both ends, a client's first write rides in the SYN and

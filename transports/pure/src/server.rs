@@ -17,12 +17,17 @@ use crate::receiver::{Receiver, Reply};
 use crate::wire::MAX_DATAGRAM;
 use std::io;
 use std::time::Instant;
+use tokio::io::Interest;
 use tokio::net::UdpSocket;
 use transport_core::commit::{CommitError, Outcome, SharedStore};
+use transport_core::net;
 use transport_core::{BoxFuture, Counters, Order, TransportError};
 
 /// Datagrams read per turn at most, so answers keep flowing under a flood.
 const MAX_DATAGRAMS_PER_TURN: usize = 256;
+
+/// The most one read brings: the largest UDP payload, which also bounds a run of coalesced datagrams.
+const RECEIVE_BUFFER: usize = 1 << 16;
 
 /// Datagrams sent per turn at most, so reading keeps up under a fanout.
 const MAX_SENDS_PER_TURN: usize = 1024;
@@ -42,8 +47,9 @@ pub async fn run(
     mut receiver: Receiver,
     store: SharedStore,
 ) -> Result<(), TransportError> {
-    // One byte over the largest datagram: a longer one arrives cut to this length and is refused whole.
-    let mut buf = vec![0u8; MAX_DATAGRAM + 1];
+    // Room for the most one read brings: a run of coalesced datagrams, or one datagram of any size (a datagram
+    // longer than MAX_DATAGRAM is refused whole by its length).
+    let mut buf = vec![0u8; RECEIVE_BUFFER];
     let mut out = Vec::with_capacity(MAX_DATAGRAM);
     let mut committing: Option<Committing> = None;
     let (mut orders, mut replies): (Vec<Order>, Vec<Reply>) = (Vec::new(), Vec::new());
@@ -99,14 +105,25 @@ async fn sleep_until(t: Option<Instant>) {
     }
 }
 
-/// Hand the receiver every datagram waiting, up to [`MAX_DATAGRAMS_PER_TURN`].
+/// Hand the receiver every datagram waiting, up to [`MAX_DATAGRAMS_PER_TURN`]. A read may bring a run of
+/// datagrams of one size from one source that the kernel coalesced (receive offload): each is handed over alone.
 fn read(socket: &UdpSocket, receiver: &mut Receiver, buf: &mut [u8]) -> io::Result<()> {
     let now = Instant::now();
-    for _ in 0..MAX_DATAGRAMS_PER_TURN {
-        match socket.try_recv_from(buf) {
-            Ok((n, from)) => receiver.handle(now, from, &buf[..n]),
+    let mut datagrams = 0;
+    while datagrams < MAX_DATAGRAMS_PER_TURN {
+        match socket.try_io(Interest::READABLE, || net::recv_segments(socket, buf)) {
+            Ok(r) if r.len == 0 => {
+                receiver.handle(now, r.from, &[]);
+                datagrams += 1;
+            }
+            Ok(r) => {
+                for datagram in r.datagrams(buf) {
+                    receiver.handle(now, r.from, datagram);
+                    datagrams += 1;
+                }
+            }
             Err(e) if e.kind() == io::ErrorKind::WouldBlock => break,
-            Err(e) if caused_by_a_peer(&e) => continue,
+            Err(e) if caused_by_a_peer(&e) => datagrams += 1,
             Err(e) => return Err(e),
         }
     }
