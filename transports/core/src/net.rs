@@ -474,7 +474,10 @@ mod tests {
         super::enable_receive_offload(&receiver).unwrap();
         let sender = UdpSocket::bind("127.0.0.1:0").unwrap();
         sender.connect(receiver.local_addr().unwrap()).unwrap();
-        let sent: Vec<Vec<u8>> = (1..=4u8).map(|i| vec![i; 200]).chain([vec![7; 50]]).collect();
+        let sent: Vec<Vec<u8>> = (1..=4u8)
+            .map(|i| vec![i; 200])
+            .chain([vec![7; 50]])
+            .collect();
         let data = sent.concat();
         if let Err(e) = super::send_segments(&sender, &data, 200) {
             assert!(super::is_segmentation_unsupported(&e), "{e}");
