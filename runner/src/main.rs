@@ -213,15 +213,24 @@ fn start_run(args: run::RunArgs) -> ExitCode {
         Err(e) => return finish(Err(e)),
     };
     workloads::process::install_cleanup();
-    let runtime = match tokio::runtime::Builder::new_multi_thread()
-        .enable_all()
-        .build()
-    {
+    // On one CPU (the load generator pinned beside its server) every task runs on one thread either way: the
+    // current-thread scheduler wakes tasks without the multi-thread one's atomics and queues between threads.
+    let one_cpu = std::thread::available_parallelism().is_ok_and(|n| n.get() == 1);
+    let built = if one_cpu {
+        tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+    } else {
+        tokio::runtime::Builder::new_multi_thread()
+            .enable_all()
+            .build()
+    };
+    let runtime = match built {
         Ok(r) => r,
         Err(e) => return finish(Err(e.into())),
     };
-    // The runs go on a worker thread, beside the links' tasks: the main thread would wake and be woken for every
-    // batch of answers, a context switch each that the load generator's one CPU pays for.
+    // On the multi-thread scheduler the runs go on a worker thread, beside the links' tasks: the main thread would
+    // wake and be woken for every batch of answers, a context switch each.
     let r = runtime.block_on(async {
         tokio::spawn(run::run(args, transports, plan, pinning))
             .await
