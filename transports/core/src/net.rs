@@ -418,6 +418,17 @@ pub mod fast_open {
 
 #[cfg(test)]
 mod tests {
+    /// A receiving socket (reads time out after 5 s) and a sending one connected to it, on loopback.
+    fn loopback_pair() -> (std::net::UdpSocket, std::net::UdpSocket) {
+        let receiver = std::net::UdpSocket::bind("127.0.0.1:0").unwrap();
+        receiver
+            .set_read_timeout(Some(std::time::Duration::from_secs(5)))
+            .unwrap();
+        let sender = std::net::UdpSocket::bind("127.0.0.1:0").unwrap();
+        sender.connect(receiver.local_addr().unwrap()).unwrap();
+        (receiver, sender)
+    }
+
     #[test]
     fn buffers_grow() {
         let s = std::net::UdpSocket::bind("127.0.0.1:0").unwrap();
@@ -429,13 +440,7 @@ mod tests {
     /// each with its own bytes; where the kernel cannot segment, the error says so.
     #[test]
     fn a_segmented_send_arrives_as_separate_datagrams() {
-        use std::net::UdpSocket;
-        let receiver = UdpSocket::bind("127.0.0.1:0").unwrap();
-        receiver
-            .set_read_timeout(Some(std::time::Duration::from_secs(5)))
-            .unwrap();
-        let sender = UdpSocket::bind("127.0.0.1:0").unwrap();
-        sender.connect(receiver.local_addr().unwrap()).unwrap();
+        let (receiver, sender) = loopback_pair();
         let sizes = [300, 300, 300, 120];
         let data: Vec<u8> = sizes
             .iter()
@@ -466,14 +471,8 @@ mod tests {
     /// gives back the datagrams sent, with the sender's address. A lone datagram is one datagram either way.
     #[test]
     fn coalesced_datagrams_are_cut_back_into_the_datagrams_sent() {
-        use std::net::UdpSocket;
-        let receiver = UdpSocket::bind("127.0.0.1:0").unwrap();
-        receiver
-            .set_read_timeout(Some(std::time::Duration::from_secs(5)))
-            .unwrap();
+        let (receiver, sender) = loopback_pair();
         super::enable_receive_offload(&receiver).unwrap();
-        let sender = UdpSocket::bind("127.0.0.1:0").unwrap();
-        sender.connect(receiver.local_addr().unwrap()).unwrap();
         let sent: Vec<Vec<u8>> = (1..=4u8)
             .map(|i| vec![i; 200])
             .chain([vec![7; 50]])

@@ -322,9 +322,6 @@ impl Transport for Pure {
             .map_err(identity_err)?;
             let socket = tokio::net::UdpSocket::bind(config.listen).await?;
             transport_core::net::set_buffers(&socket, 16 << 20)?;
-            // Runs of datagrams a device sent in one segmented send arrive as one read where the kernel allows;
-            // elsewhere one datagram per read, as before.
-            let _ = transport_core::net::enable_receive_offload(&socket);
             let mut run = 0;
             while run == 0 {
                 run = rand::rng().next_u64();

@@ -47,6 +47,9 @@ pub async fn run(
     mut receiver: Receiver,
     store: SharedStore,
 ) -> Result<(), TransportError> {
+    // Runs of datagrams a device sent in one segmented send arrive as one read where the kernel allows;
+    // elsewhere one datagram per read.
+    let _ = net::enable_receive_offload(&socket);
     // Room for the most one read brings: a run of coalesced datagrams, or one datagram of any size (a datagram
     // longer than MAX_DATAGRAM is refused whole by its length).
     let mut buf = vec![0u8; RECEIVE_BUFFER];

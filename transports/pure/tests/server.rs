@@ -295,6 +295,65 @@ async fn an_allowed_device_cannot_store_orders_as_another_through_its_session() 
     server.task.abort();
 }
 
+/// A run of datagrams sent in one segmented send, which the server may read in one call (receive offload): each
+/// datagram in it is judged alone. Garbage between two honest records is refused as malformed and the records
+/// around it are stored; a run of datagrams over the maximum is refused datagram by datagram; the server goes on.
+#[tokio::test]
+async fn each_datagram_of_a_coalesced_run_is_judged_alone() {
+    let mut rng = StdRng::seed_from_u64(33);
+    let keys = Keys::new(1, &mut rng);
+    let dir = tempfile::tempdir().unwrap();
+    let server = start(Kind::Plain, &keys, dir.path()).await;
+    let mut device = Device::new(&keys, Kind::Plain, 0, 9).await;
+    device.socket.connect(server.addr).await.unwrap();
+    let now = Instant::now();
+    let mut made = Vec::new();
+    let mut run = Vec::new();
+    for seq in 0..2 {
+        let id = OrderId {
+            sender: 0,
+            run: 9,
+            seq,
+        };
+        made.push(id);
+        device.sender.push(
+            now,
+            Order {
+                id,
+                made_us: 1,
+                payload: vec![3; 32],
+            },
+        );
+        let mut out = Vec::new();
+        assert!(device.sender.poll_transmit(now, &mut out));
+        if seq == 1 {
+            run.extend(std::iter::repeat_n(0xee, out.len()));
+        }
+        run.extend(out);
+    }
+    let segment = run.len() / 3;
+    let over = vec![0u8; 2 * (wire::MAX_DATAGRAM + 100)];
+    for (data, segment) in [(&run, segment), (&over, wire::MAX_DATAGRAM + 100)] {
+        if let Err(e) = transport_core::net::send_segments(&device.socket, data, segment) {
+            assert!(transport_core::net::is_segmentation_unsupported(&e), "{e}");
+            for d in data.chunks(segment) {
+                device.socket.send(d).await.unwrap();
+            }
+        }
+    }
+    // A second run of the device (its own socket and events): once its order is answered, the run above was
+    // committed or refused.
+    let mut later = Device::new(&keys, Kind::Plain, 0, 10).await;
+    let (next, _) = later.store_one(0, server.addr).await;
+    made.push(next);
+    let audit = store::audit(dir.path(), &made, &[]).unwrap();
+    assert_eq!((audit.applied, audit.unknown), (3, 0), "{audit:?}");
+    let counters = server.counters.snapshot();
+    assert_eq!(counters.refused_malformed, 1);
+    assert_eq!(counters.refused_oversized, 2);
+    server.task.abort();
+}
+
 /// A store that holds each commit until the test lets it through, and says how large each group was.
 struct GatedStore {
     inner: StoreHandle,
