@@ -358,7 +358,12 @@ impl Shard {
                     }
                 }
                 _ = sleep_until(next_timer) => {
+                    // Answers that arrived while this task waited for its turn count before any timer: a frame
+                    // whose answer is already in the socket's buffer is never re-sent.
                     let now = Instant::now();
+                    while let Ok(n) = self.socket.try_recv(&mut buf) {
+                        self.datagram(now, &buf[..n]);
+                    }
                     while let Some(&Reverse((t, i))) = self.timers.peek() {
                         if t > now {
                             break;

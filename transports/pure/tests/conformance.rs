@@ -89,3 +89,32 @@ async fn a_subscription_over_the_channel_bound_is_refused_by_the_fleet_and_order
         server.kill().await;
     }
 }
+
+/// A device's task that cannot run past its re-send timer (a busy load generator) finds the answer already in its
+/// socket's buffer when it runs again: the answer counts first, and nothing is sent twice. The devices run on this
+/// test's one thread, which blocks for longer than the first re-send timeout (200 ms) right after each order has
+/// left; the receiver runs on a thread of its own and answers meanwhile.
+#[tokio::test(flavor = "current_thread")]
+async fn an_answer_waiting_in_the_socket_is_taken_before_an_overdue_timer() {
+    const ORDERS: u64 = 8;
+    let h = harness("pure:plain", 1);
+    let server = h.server(testing::any_port());
+    let (fleet, mut events, counters) = h.fleet(server.addr, 1).await;
+    let mut seen = std::collections::HashMap::new();
+    for seq in 0..ORDERS {
+        let order = testing::order(0, seq);
+        let id = order.id;
+        fleet.send(0, order);
+        // Let the device's task take the order and send it, then hold the thread past the timer.
+        for _ in 0..8 {
+            tokio::task::yield_now().await;
+        }
+        std::thread::sleep(std::time::Duration::from_millis(300));
+        testing::wait_stored(&mut events, &[id], &mut seen).await;
+    }
+    assert!(seen.values().all(|&n| n == 1), "{seen:?}");
+    let client = counters.snapshot();
+    assert_eq!(client.resent_timeout, 0, "{client:?}");
+    fleet.close().await;
+    server.kill().await;
+}
