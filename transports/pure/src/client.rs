@@ -41,6 +41,9 @@ pub const MAX_SHARED_SOCKETS: usize = 16;
 /// keeps its own socket.
 pub const MAX_PER_DEVICE_SOCKETS: usize = 16_000;
 
+/// Commands (orders handed over, subscriptions, publishes) a shard's task takes per turn at most: a window's worth.
+const COMMANDS_PER_TURN: usize = 256;
+
 /// How a fleet's devices get their UDP sockets.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Sockets {
@@ -338,15 +341,18 @@ impl Shard {
         let mut buf = vec![0u8; wire::MAX_DATAGRAM + 1];
         loop {
             let next_timer = self.timers.peek().map(|Reverse((t, _))| *t);
+            let mut more = false;
             tokio::select! {
                 _ = stop.changed() => return,
                 cmd = commands.recv() => {
                     let Some(cmd) = cmd else { return };
                     let now = Instant::now();
                     self.command(now, cmd);
-                    while let Ok(cmd) = commands.try_recv() {
+                    for _ in 1..COMMANDS_PER_TURN {
+                        let Ok(cmd) = commands.try_recv() else { break };
                         self.command(now, cmd);
                     }
+                    more = !commands.is_empty();
                 }
                 r = self.socket.recv(&mut buf) => {
                     let now = Instant::now();
@@ -379,6 +385,12 @@ impl Shard {
             }
             if self.flush().await.is_err() {
                 return;
+            }
+            if more {
+                // The rest of a backlog waits for this task's next turn: every shard sends what its windows allow
+                // before any takes a whole backlog in, so a device's first datagrams never wait behind the other
+                // devices' bookkeeping.
+                tokio::task::yield_now().await;
             }
         }
     }
