@@ -24,7 +24,8 @@
 //! Metrics: `orders`, `orders_per_second` (steady rate), `steady_s`, `steady_orders`, `steady_groups`,
 //! `server_cpu_us_per_order` and `server_busy` (over the steady part, from `/proc` samples every 10 ms), `drain_s`
 //! (SIGCONT to the last answer), `server_cpu_s` (the server's getrusage over the whole drain), `client_cpu_s`,
-//! `generator_busy`, `generator_bound`, `timed_out`, `unanswered`, the store audit (`applied`, `lost`, `duplicates`,
+//! `generator_busy`, `generator_bound`, what else the run's CPUs did over the steady part (`machine_others`: other
+//! processes, `machine_interrupts`, `host_steal`: the hypervisor's; in CPUs, from `/proc/stat`), `timed_out`, `unanswered`, the store audit (`applied`, `lost`, `duplicates`,
 //! `acked_not_applied`, `unknown`) and the counters of both sides. Histogram `continue_to_stored`: for each order,
 //! the time from SIGCONT to its answer (an order never answered counts at the deadline).
 
@@ -109,6 +110,9 @@ const INFO: Info = Info {
         Metric { key: "generator_cpu_us_per_order", unit: "µs", about: "load generator CPU per order over the steady part (taking answers; the backlog was made before)" },
         Metric { key: "server_busy", unit: "fraction", about: "server CPU over the steady part / its length (1: never waited)" },
         Metric { key: "server_cpu_wait", unit: "fraction", about: "time the server's threads could run but had no CPU, over the steady part / its length" },
+        Metric { key: "machine_others", unit: "CPUs", about: "CPU used by other processes on the run's CPUs over the steady part / its length" },
+        Metric { key: "machine_interrupts", unit: "CPUs", about: "interrupt time of the run's CPUs (charged to no process) over the steady part / its length" },
+        Metric { key: "host_steal", unit: "CPUs", about: "time the hypervisor took the run's CPUs away over the steady part / its length" },
         Metric { key: "drain_s", unit: "s", about: "SIGCONT to the last answer" },
         Metric { key: "server_cpu_s", unit: "s", about: "the server's CPU over the whole drain (its own getrusage)" },
         Metric { key: "client_cpu_s", unit: "s", about: "the load generator's CPU over the whole drain" },
@@ -130,6 +134,8 @@ const INFO: Info = Info {
         Column::new("server waited for its CPU", "server_cpu_wait", Format::Decimal),
         Column::new("generator busy", "generator_busy", Format::Decimal),
         Column::new("steady part, s", "steady_s", Format::Decimal),
+        Column::new("other processes, CPUs", "machine_others", Format::Decimal).lower(),
+        Column::new("host steal, CPUs", "host_steal", Format::Decimal).lower(),
         Column::new("server X25519", "server_x25519", Format::Count).lower(),
         Column::new("re-sent (timer)", "client_resent_timeout", Format::Count).lower(),
         Column::new("re-sent (new connection)", "client_resent_reconnect", Format::Count).lower(),
@@ -247,7 +253,11 @@ async fn drain(run: &mut Run<'_>, params: &DrainParams) -> Result<(), WorkloadEr
             .flat_map(|(_, os)| os.iter().map(|o| o.id)),
     );
 
-    let sampler = sample::Sampler::start(run.server()?.serving_pid(), SAMPLE_EVERY);
+    let sampler = sample::Sampler::start_on(
+        run.server()?.serving_pid(),
+        SAMPLE_EVERY,
+        run.harness.provenance.pinning.cpus_in_use(),
+    );
     let sampled_from_us = harness::unix_us();
     // The server's CPU does not move while it is stopped: read it now, and again after the drain.
     let before = run.server_stats().await?;
@@ -316,6 +326,7 @@ async fn drain(run: &mut Run<'_>, params: &DrainParams) -> Result<(), WorkloadEr
     let (from, to) = (ms(steady.from_us), ms(steady.to_us));
     let (server_cpu, client_cpu) = sample::cpu_between(&samples, from, to);
     let (server_wait, client_wait) = sample::wait_between(&samples, from, to);
+    let machine = sample::machine_between(&samples, from, to);
     let wall = steady.seconds();
     // A drain that timed out has no rate: its steady part is not the whole story.
     if !timed_out {
@@ -341,6 +352,9 @@ async fn drain(run: &mut Run<'_>, params: &DrainParams) -> Result<(), WorkloadEr
     run.metric("server_busy", server_cpu / wall);
     run.metric("server_cpu_wait", server_wait / wall);
     run.metric("generator_cpu_wait", client_wait / wall);
+    run.metric("machine_others", machine.others_s / wall);
+    run.metric("machine_interrupts", machine.interrupts_s / wall);
+    run.metric("host_steal", machine.steal_s / wall);
     let load = GeneratorLoad {
         cpu_s: client_cpu,
         wall_s: wall,

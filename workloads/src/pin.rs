@@ -28,6 +28,22 @@ impl Pinning {
         self.mode == "separate"
     }
 
+    /// The CPUs server and generator were pinned to, together; empty when either was not pinned (every CPU).
+    pub fn cpus_in_use(&self) -> Vec<usize> {
+        if self.server_cpus.is_empty() || self.generator_cpus.is_empty() {
+            return Vec::new();
+        }
+        let mut cpus: Vec<usize> = self
+            .server_cpus
+            .iter()
+            .chain(&self.generator_cpus)
+            .copied()
+            .collect();
+        cpus.sort_unstable();
+        cpus.dedup();
+        cpus
+    }
+
     /// How many CPUs the load generator may use: its pinned set, or every CPU of the machine when not pinned.
     pub fn generator_cpu_count(&self) -> usize {
         if self.generator_cpus.is_empty() {

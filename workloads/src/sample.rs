@@ -7,6 +7,7 @@ use std::time::{Duration, Instant};
 use tokio::sync::oneshot;
 use tokio::task::JoinHandle;
 pub use transport_core::procfs::{cpu_time, process_state, rss_bytes, self_cpu_time};
+use transport_core::procfs::{cpu_usage, CpuUsage};
 
 /// One sample of the server and of this process.
 #[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize)]
@@ -25,6 +26,15 @@ pub struct Sample {
     /// Seconds this process's threads waited for a CPU while they could run.
     #[serde(default)]
     pub self_wait_s: f64,
+    /// CPU seconds charged to every process on the CPUs sampled (this process and the server among them).
+    #[serde(default)]
+    pub machine_processes_s: f64,
+    /// Seconds those CPUs spent in interrupts, charged to no process.
+    #[serde(default)]
+    pub machine_interrupts_s: f64,
+    /// Seconds the hypervisor took those CPUs away.
+    #[serde(default)]
+    pub machine_steal_s: f64,
 }
 
 struct State {
@@ -38,6 +48,10 @@ struct State {
     wait_earlier: Duration,
     wait_current: Duration,
     self_wait: Duration,
+    /// The CPUs whose `/proc/stat` lines are read (every CPU when empty), and their first reading.
+    cpus: Vec<usize>,
+    machine_start: Option<CpuUsage>,
+    machine: CpuUsage,
     samples: Vec<Sample>,
 }
 
@@ -61,8 +75,15 @@ fn lock(state: &Mutex<State>) -> MutexGuard<'_, State> {
 }
 
 impl Sampler {
-    /// Start sampling `pid` and this process every `interval` (the first sample at once). Needs a tokio runtime.
+    /// Start sampling `pid` and this process every `interval` (the first sample at once), and every CPU of the
+    /// machine. Needs a tokio runtime.
     pub fn start(pid: u32, interval: Duration) -> Sampler {
+        Sampler::start_on(pid, interval, Vec::new())
+    }
+
+    /// [`start`](Sampler::start), reading the machine's figures of the CPUs `cpus` only (the ones server and
+    /// generator are pinned to; every CPU when empty).
+    pub fn start_on(pid: u32, interval: Duration, cpus: Vec<usize>) -> Sampler {
         let state = Arc::new(Mutex::new(State {
             pid,
             earlier: Duration::ZERO,
@@ -71,6 +92,9 @@ impl Sampler {
             wait_earlier: Duration::ZERO,
             wait_current: Duration::ZERO,
             self_wait: Duration::ZERO,
+            cpus,
+            machine_start: None,
+            machine: CpuUsage::default(),
             samples: Vec::new(),
         }));
         let (stop, mut stopped) = oneshot::channel();
@@ -135,7 +159,11 @@ impl Sampler {
 
 /// Take one sample: read `/proc` outside the lock, then record.
 fn sample(state: &Mutex<State>, started: Instant) {
-    let pid = lock(state).pid;
+    let (pid, cpus) = {
+        let s = lock(state);
+        (s.pid, s.cpus.clone())
+    };
+    let machine = cpu_usage(&cpus).ok();
     let server_cpu = cpu_time(pid).ok();
     let rss = rss_bytes(pid).unwrap_or(0);
     let self_cpu = self_cpu_time().ok();
@@ -158,6 +186,15 @@ fn sample(state: &Mutex<State>, started: Instant) {
     if let Some(t) = self_cpu {
         s.self_cpu = s.self_cpu.max(t);
     }
+    if let Some(m) = machine {
+        // Counted from the first reading, so a sample says what the CPUs did since the sampler started.
+        let start = *s.machine_start.get_or_insert(m);
+        s.machine = CpuUsage {
+            processes: m.processes.saturating_sub(start.processes),
+            interrupts: m.interrupts.saturating_sub(start.interrupts),
+            steal: m.steal.saturating_sub(start.steal),
+        };
+    }
     let sample = Sample {
         t_ms: started.elapsed().as_millis() as u64,
         server_cpu_s: (s.earlier + s.current).as_secs_f64(),
@@ -165,6 +202,9 @@ fn sample(state: &Mutex<State>, started: Instant) {
         self_cpu_s: s.self_cpu.as_secs_f64(),
         server_wait_s: (s.wait_earlier + s.wait_current).as_secs_f64(),
         self_wait_s: s.self_wait.as_secs_f64(),
+        machine_processes_s: s.machine.processes.as_secs_f64(),
+        machine_interrupts_s: s.machine.interrupts.as_secs_f64(),
+        machine_steal_s: s.machine.steal.as_secs_f64(),
     };
     s.samples.push(sample);
 }
@@ -188,6 +228,31 @@ pub fn wait_between(samples: &[Sample], from_ms: u64, to_ms: u64) -> (f64, f64) 
         value_at(samples, to_ms, server) - value_at(samples, from_ms, server),
         value_at(samples, to_ms, this) - value_at(samples, from_ms, this),
     )
+}
+
+/// What the sampled CPUs did between `from_ms` and `to_ms`, as [`cpu_between`], in CPU seconds.
+#[derive(Debug, Clone, Copy, Default, PartialEq)]
+pub struct MachineUse {
+    /// Charged to processes other than the server and this process (never below zero: clock ticks are coarser
+    /// than the processes' own CPU times).
+    pub others_s: f64,
+    /// Interrupts, charged to no process (the kernel's packet processing among them).
+    pub interrupts_s: f64,
+    /// Taken by the hypervisor.
+    pub steal_s: f64,
+}
+
+/// [`MachineUse`] between `from_ms` and `to_ms`.
+pub fn machine_between(samples: &[Sample], from_ms: u64, to_ms: u64) -> MachineUse {
+    let between = |field: fn(&Sample) -> f64| {
+        value_at(samples, to_ms, field) - value_at(samples, from_ms, field)
+    };
+    let (server, this) = cpu_between(samples, from_ms, to_ms);
+    MachineUse {
+        others_s: (between(|s| s.machine_processes_s) - server - this).max(0.0),
+        interrupts_s: between(|s| s.machine_interrupts_s).max(0.0),
+        steal_s: between(|s| s.machine_steal_s).max(0.0),
+    }
 }
 
 fn value_at(samples: &[Sample], t_ms: u64, field: impl Fn(&Sample) -> f64) -> f64 {
@@ -270,6 +335,36 @@ mod tests {
         assert!(samples.last().unwrap().server_rss_bytes > 0);
     }
 
+    #[tokio::test]
+    async fn a_process_neither_server_nor_generator_shows_as_others() {
+        let idle = Reaped(
+            std::process::Command::new("sleep")
+                .arg("30")
+                .spawn()
+                .unwrap(),
+        );
+        let busy = Busy::start();
+        let sampler = Sampler::start(idle.0.id(), Duration::from_millis(20));
+        tokio::time::sleep(Duration::from_millis(600)).await;
+        let samples = sampler.stop().await;
+        drop((busy, idle));
+        let last = samples.last().unwrap().t_ms;
+        let m = machine_between(&samples, 0, last);
+        // The busy loop ran for most of 600 ms on some CPU; the server (asleep) and this test hardly ran.
+        assert!(m.others_s > 0.1, "{m:?}");
+        assert!(m.steal_s >= 0.0 && m.interrupts_s >= 0.0);
+    }
+
+    /// A child killed and reaped when dropped.
+    struct Reaped(std::process::Child);
+
+    impl Drop for Reaped {
+        fn drop(&mut self) {
+            let _ = self.0.kill();
+            let _ = self.0.wait();
+        }
+    }
+
     #[test]
     fn cpu_between_interpolates() {
         let s = |t_ms, server_cpu_s, self_cpu_s| Sample {
@@ -279,6 +374,9 @@ mod tests {
             self_cpu_s,
             server_wait_s: server_cpu_s / 2.0,
             self_wait_s: 0.0,
+            machine_processes_s: 0.0,
+            machine_interrupts_s: 0.0,
+            machine_steal_s: 0.0,
         };
         let samples = [s(0, 0.0, 1.0), s(100, 1.0, 1.5), s(200, 3.0, 2.0)];
         assert_eq!(cpu_between(&samples, 0, 200), (3.0, 1.0));

@@ -201,6 +201,62 @@ fn listening_inodes(table: &str, port: u16) -> impl Iterator<Item = &str> {
     })
 }
 
+/// What some CPUs of the machine did, summed over them, from `/proc/stat` (clock ticks, usually 10 ms): time charged
+/// to processes (user, nice, system), time spent in interrupts (irq, softirq: the kernel's packet processing among it,
+/// charged to no process), and time the hypervisor gave the virtual CPUs to something else (steal).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct CpuUsage {
+    /// User, nice and system time.
+    pub processes: Duration,
+    /// Hardware and software interrupt time.
+    pub interrupts: Duration,
+    /// Time stolen by the hypervisor.
+    pub steal: Duration,
+}
+
+/// [`CpuUsage`] of the CPUs numbered `cpus` (every CPU of the machine when empty).
+pub fn cpu_usage(cpus: &[usize]) -> io::Result<CpuUsage> {
+    parse_cpu_usage(&std::fs::read_to_string("/proc/stat")?, cpus)
+}
+
+/// [`CpuUsage`] of the CPUs numbered `cpus` in a `/proc/stat` text (its `cpu` line when `cpus` is empty); an error if
+/// a CPU asked for has no line or a line is malformed.
+pub fn parse_cpu_usage(stat: &str, cpus: &[usize]) -> io::Result<CpuUsage> {
+    let wanted = |name: &str| match name.strip_prefix("cpu") {
+        Some("") => cpus.is_empty(),
+        Some(n) => n.parse().is_ok_and(|n: usize| cpus.contains(&n)),
+        None => false,
+    };
+    let mut ticks = [0u64; 3];
+    let mut found = 0;
+    for line in stat.lines() {
+        let mut fields = line.split_ascii_whitespace();
+        if !fields.next().is_some_and(wanted) {
+            continue;
+        }
+        // user nice system idle iowait irq softirq steal (guest time is inside user and nice).
+        let v: Vec<u64> = fields
+            .take(8)
+            .map(|f| f.parse().map_err(|_| invalid("bad /proc/stat cpu line")))
+            .collect::<io::Result<_>>()?;
+        if v.len() < 8 {
+            return Err(invalid("too few fields in /proc/stat cpu line"));
+        }
+        ticks[0] += v[0] + v[1] + v[2];
+        ticks[1] += v[5] + v[6];
+        ticks[2] += v[7];
+        found += 1;
+    }
+    if found != cpus.len().max(1) {
+        return Err(invalid("a CPU asked for has no /proc/stat line"));
+    }
+    Ok(CpuUsage {
+        processes: ticks_to_duration(ticks[0]),
+        interrupts: ticks_to_duration(ticks[1]),
+        steal: ticks_to_duration(ticks[2]),
+    })
+}
+
 /// How many files a process may hold open: its soft limit, from `/proc/PID/limits` (`u64::MAX` if unlimited).
 pub fn files_limit(pid: u32) -> io::Result<u64> {
     parse_files_limit(&std::fs::read_to_string(format!("/proc/{pid}/limits"))?)
@@ -223,6 +279,28 @@ pub fn parse_files_limit(limits: &str) -> io::Result<u64> {
 mod tests {
     use super::*;
     use std::time::Instant;
+
+    #[test]
+    fn cpu_usage_sums_the_cpus_asked_for() {
+        let stat = "cpu  100 1 20 900 5 2 3 7 0 0\n\
+                    cpu0 60 1 10 400 2 1 2 3 0 0\n\
+                    cpu1 40 0 10 500 3 1 1 4 0 0\n\
+                    intr 12345\n";
+        let tick = ticks_to_duration(1);
+        let all = parse_cpu_usage(stat, &[]).unwrap();
+        assert_eq!(all.processes, tick * 121);
+        assert_eq!((all.interrupts, all.steal), (tick * 5, tick * 7));
+        let one = parse_cpu_usage(stat, &[1]).unwrap();
+        assert_eq!(
+            (one.processes, one.interrupts, one.steal),
+            (tick * 50, tick * 2, tick * 4)
+        );
+        let both = parse_cpu_usage(stat, &[0, 1]).unwrap();
+        assert_eq!(both.processes, tick * 121);
+        assert!(parse_cpu_usage(stat, &[2]).is_err());
+        assert!(parse_cpu_usage("cpu0 1 2 3\n", &[0]).is_err());
+        assert!(cpu_usage(&[]).is_ok());
+    }
 
     #[test]
     fn parses_a_name_with_spaces_and_parentheses() {
