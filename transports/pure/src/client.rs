@@ -359,17 +359,13 @@ impl Shard {
                     if let Ok(n) = r {
                         self.datagram(now, &buf[..n]);
                     }
-                    while let Ok(n) = self.socket.try_recv(&mut buf) {
-                        self.datagram(now, &buf[..n]);
-                    }
+                    self.read_waiting(now, &mut buf);
                 }
                 _ = sleep_until(next_timer) => {
                     // Answers that arrived while this task waited for its turn count before any timer: a frame
                     // whose answer is already in the socket's buffer is never re-sent.
                     let now = Instant::now();
-                    while let Ok(n) = self.socket.try_recv(&mut buf) {
-                        self.datagram(now, &buf[..n]);
-                    }
+                    self.read_waiting(now, &mut buf);
                     while let Some(&Reverse((t, i))) = self.timers.peek() {
                         if t > now {
                             break;
@@ -419,6 +415,13 @@ impl Shard {
             }
         }
         self.dirty.push(i);
+    }
+
+    /// Take every datagram waiting in the socket's buffer.
+    fn read_waiting(&mut self, now: Instant, buf: &mut [u8]) {
+        while let Ok(n) = self.socket.try_recv(buf) {
+            self.datagram(now, &buf[..n]);
+        }
     }
 
     fn datagram(&mut self, now: Instant, data: &[u8]) {

@@ -60,8 +60,8 @@ impl Device {
         }
     }
 
-    /// Send the next order and wait (up to 5 s) for the server to say it is stored. Returns the datagram sent.
-    async fn store_one(&mut self, sender_id: u64, server: SocketAddr) -> (OrderId, Vec<u8>) {
+    /// Seal the next order into a datagram, unsent: its id and the datagram.
+    fn seal_next(&mut self, sender_id: u64) -> (OrderId, Vec<u8>) {
         let id = OrderId {
             sender: sender_id,
             run: self.run,
@@ -79,6 +79,12 @@ impl Device {
         );
         let mut out = Vec::new();
         assert!(self.sender.poll_transmit(now, &mut out));
+        (id, out)
+    }
+
+    /// Send the next order and wait (up to 5 s) for the server to say it is stored. Returns the datagram sent.
+    async fn store_one(&mut self, sender_id: u64, server: SocketAddr) -> (OrderId, Vec<u8>) {
+        let (id, out) = self.seal_next(sender_id);
         self.socket.send_to(&out, server).await.unwrap();
         let mut buf = vec![0u8; 2048];
         let deadline = tokio::time::Instant::now() + Duration::from_secs(5);
@@ -306,26 +312,11 @@ async fn each_datagram_of_a_coalesced_run_is_judged_alone() {
     let server = start(Kind::Plain, &keys, dir.path()).await;
     let mut device = Device::new(&keys, Kind::Plain, 0, 9).await;
     device.socket.connect(server.addr).await.unwrap();
-    let now = Instant::now();
     let mut made = Vec::new();
     let mut run = Vec::new();
     for seq in 0..2 {
-        let id = OrderId {
-            sender: 0,
-            run: 9,
-            seq,
-        };
+        let (id, out) = device.seal_next(0);
         made.push(id);
-        device.sender.push(
-            now,
-            Order {
-                id,
-                made_us: 1,
-                payload: vec![3; 32],
-            },
-        );
-        let mut out = Vec::new();
-        assert!(device.sender.poll_transmit(now, &mut out));
         if seq == 1 {
             run.extend(std::iter::repeat_n(0xee, out.len()));
         }
