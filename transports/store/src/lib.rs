@@ -30,8 +30,9 @@
 //!
 //! [`Store::commit`] writes one group: the orders not yet applied are encoded into one buffer, written with one
 //! `write`, then synced as the [`SyncPolicy`] says; only then are they reported [`Outcome::Applied`]. [`StoreHandle`]
-//! runs a store on its own thread and merges the commits of every connection waiting at that moment into one group,
-//! so under load many orders share one `fdatasync` (group commit). After a failed write or sync the store refuses
+//! merges the commits of every connection waiting at that moment into one group, so under load many orders share one
+//! `fdatasync` (group commit): a store that syncs runs on its own thread, one that never syncs is written by the
+//! committing tasks, one group per scheduler turn. After a failed write or sync the store refuses
 //! every later commit: it never acknowledges data it could not make durable.
 //!
 //! # Auditing
@@ -732,18 +733,103 @@ enum Request {
     Close { done: oneshot::Sender<()> },
 }
 
-/// A store running on its own thread, shared by every connection of a server; commits waiting at the same moment
-/// are written as one group.
+/// Where a [`StoreHandle`]'s groups are written.
+#[derive(Debug, Clone)]
+enum Writer {
+    /// On the store's own thread, which waits for each group's sync off the server's threads.
+    Thread(mpsc::Sender<Request>),
+    /// On the committing task's own thread: with no sync to wait for, a group is one `write` into the page cache.
+    Inline(Arc<Inline>),
+}
+
+/// A store written by the tasks that commit to it ([`SyncPolicy::None`]): the first commit of a scheduler turn
+/// leads, yields once so that the commits of the turn's other ready tasks join its group, then writes the group.
+#[derive(Debug)]
+struct Inline {
+    /// `None` once closed.
+    store: Mutex<Option<Store>>,
+    queue: Mutex<Queue>,
+}
+
+/// The commits waiting for their group's leader.
+#[derive(Debug, Default)]
+struct Queue {
+    orders: Vec<Order>,
+    waiting: Vec<(usize, Reply)>,
+    /// Whether a leader will write what is queued.
+    led: bool,
+}
+
+impl Inline {
+    /// Write everything queued as one group and answer each commit (as closed, once the store is).
+    fn flush(&self) {
+        let (orders, waiting) = {
+            let mut queue = lock(&self.queue);
+            queue.led = false;
+            (
+                std::mem::take(&mut queue.orders),
+                std::mem::take(&mut queue.waiting),
+            )
+        };
+        if waiting.is_empty() {
+            return;
+        }
+        let mut store = lock(&self.store);
+        // Closed: the replies are dropped, and each commit answers `Closed`.
+        if let Some(store) = store.as_mut() {
+            answer_group(store, &orders, waiting);
+        }
+    }
+}
+
+/// The leader's duty, done when its commit is dropped as well as when it finishes: a leader cancelled while it
+/// yields still writes its group, so the commits that joined it are answered.
+struct Lead<'a>(&'a Inline);
+
+impl Drop for Lead<'_> {
+    fn drop(&mut self) {
+        self.0.flush();
+    }
+}
+
+/// Commit `orders` as one group and answer each waiting commit with its part of the outcomes, in order.
+fn answer_group(store: &mut Store, orders: &[Order], waiting: Vec<(usize, Reply)>) {
+    match store.commit(orders) {
+        Ok(outcomes) => {
+            let mut rest = outcomes.as_slice();
+            for (n, reply) in waiting {
+                let (mine, others) = rest.split_at(n);
+                rest = others;
+                let _ = reply.send(Ok(mine.to_vec()));
+            }
+        }
+        Err(e) => {
+            let reason = e.to_string();
+            for (_, reply) in waiting {
+                let _ = reply.send(Err(StoreError::Failed {
+                    reason: reason.clone(),
+                }));
+            }
+        }
+    }
+}
+
+/// A store shared by every connection of a server; commits waiting at the same moment are written as one group.
+///
+/// A store that syncs ([`SyncPolicy::Batch`], [`SyncPolicy::Each`]) runs on its own thread, so that a server's
+/// threads never wait in `fdatasync`. A store that never syncs ([`SyncPolicy::None`]) is written by the committing
+/// tasks themselves, one group per scheduler turn: a hand-over to another thread and back would cost more than the
+/// group's one `write`, and on a server pinned to one CPU it would take that CPU from the server at every group.
 #[derive(Debug, Clone)]
 pub struct StoreHandle {
-    tx: mpsc::Sender<Request>,
+    writer: Writer,
     stats: Arc<StatCells>,
     policy: SyncPolicy,
     dir: PathBuf,
 }
 
 impl StoreHandle {
-    /// Start the writer thread (named `store`).
+    /// Start the store: its writer thread (named `store`) if its policy syncs, else written inline.
     ///
     /// If the thread cannot be started, every commit answers [`StoreError::Closed`]; use [`StoreHandle::try_spawn`]
     /// to get the reason instead.
@@ -752,26 +838,34 @@ impl StoreHandle {
         let policy = store.policy;
         let dir = store.dir().to_path_buf();
         Self::try_spawn(store).unwrap_or_else(|_| StoreHandle {
-            tx: mpsc::channel().0,
+            writer: Writer::Thread(mpsc::channel().0),
             stats,
             policy,
             dir,
         })
     }
 
-    /// Start the writer thread (named `store`), or say why it could not start.
+    /// Start the store (its writer thread, named `store`, if its policy syncs), or say why it could not start.
     pub fn try_spawn(store: Store) -> Result<StoreHandle, StoreError> {
-        let (tx, rx) = mpsc::channel();
         let stats = store.stats.clone();
         let policy = store.policy;
-        let path = store.path.clone();
         let dir = store.dir().to_path_buf();
-        std::thread::Builder::new()
-            .name("store".into())
-            .spawn(move || writer(store, rx))
-            .map_err(|e| StoreError::io(&path, e))?;
+        let writer = if policy == SyncPolicy::None {
+            Writer::Inline(Arc::new(Inline {
+                store: Mutex::new(Some(store)),
+                queue: Mutex::default(),
+            }))
+        } else {
+            let (tx, rx) = mpsc::channel();
+            let path = store.path.clone();
+            std::thread::Builder::new()
+                .name("store".into())
+                .spawn(move || writer(store, rx))
+                .map_err(|e| StoreError::io(&path, e))?;
+            Writer::Thread(tx)
+        };
         Ok(StoreHandle {
-            tx,
+            writer,
             stats,
             policy,
             dir,
@@ -779,25 +873,49 @@ impl StoreHandle {
     }
 
     /// Commit orders (see [`Store::commit`]); they join whatever other commits are waiting, in one group.
-    pub async fn commit(&self, orders: Vec<Order>) -> Result<Vec<Outcome>, StoreError> {
+    pub async fn commit(&self, mut orders: Vec<Order>) -> Result<Vec<Outcome>, StoreError> {
         // Checked here so that one bad request cannot fail the group it would have joined.
         check_payloads(&orders)?;
         if orders.is_empty() {
             return Ok(Vec::new());
         }
         let (reply, answer) = oneshot::channel();
-        self.tx
-            .send(Request::Commit { orders, reply })
-            .map_err(|_| StoreError::Closed)?;
+        match &self.writer {
+            Writer::Thread(tx) => tx
+                .send(Request::Commit { orders, reply })
+                .map_err(|_| StoreError::Closed)?,
+            Writer::Inline(inline) => {
+                let lead = {
+                    let mut queue = lock(&inline.queue);
+                    queue.waiting.push((orders.len(), reply));
+                    queue.orders.append(&mut orders);
+                    !std::mem::replace(&mut queue.led, true)
+                };
+                if lead {
+                    let lead = Lead(inline);
+                    // The other tasks ready in this turn run (and join the group) before the leader writes it.
+                    tokio::task::yield_now().await;
+                    drop(lead);
+                }
+            }
+        }
         answer.await.map_err(|_| StoreError::Closed)?
     }
 
     /// Finish the commits already queued, close the log (releasing its lock) and stop the writer; later commits,
     /// through any clone, answer [`StoreError::Closed`].
     pub async fn close(&self) {
-        let (done, closed) = oneshot::channel();
-        if self.tx.send(Request::Close { done }).is_ok() {
-            let _ = closed.await;
+        match &self.writer {
+            Writer::Thread(tx) => {
+                let (done, closed) = oneshot::channel();
+                if tx.send(Request::Close { done }).is_ok() {
+                    let _ = closed.await;
+                }
+            }
+            Writer::Inline(inline) => {
+                inline.flush();
+                lock(&inline.store).take();
+            }
         }
     }
 
@@ -806,7 +924,7 @@ impl StoreHandle {
         self.stats.snapshot()
     }
 
-    /// How long each `fdatasync` since open took, µs (recorded on the writer thread).
+    /// How long each `fdatasync` since open took, µs (recorded where the store syncs).
     pub fn sync_histogram(&self) -> Histogram<u64> {
         self.stats.sync_histogram()
     }
@@ -876,24 +994,7 @@ fn writer(mut store: Store, rx: mpsc::Receiver<Request>) {
         if waiting.is_empty() {
             continue;
         }
-        match store.commit(&orders) {
-            Ok(outcomes) => {
-                let mut rest = outcomes.as_slice();
-                for (n, reply) in waiting.drain(..) {
-                    let (mine, others) = rest.split_at(n);
-                    rest = others;
-                    let _ = reply.send(Ok(mine.to_vec()));
-                }
-            }
-            Err(e) => {
-                let reason = e.to_string();
-                for (_, reply) in waiting.drain(..) {
-                    let _ = reply.send(Err(StoreError::Failed {
-                        reason: reason.clone(),
-                    }));
-                }
-            }
-        }
+        answer_group(&mut store, &orders, std::mem::take(&mut waiting));
         orders.clear();
     }
     // Close the file (releasing the lock) before saying so; requests still queued are dropped and answer Closed.

@@ -266,10 +266,14 @@ fn a_second_open_fails_while_the_first_is_open() {
     Store::open(dir.path(), SyncPolicy::Batch).unwrap();
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
-async fn group_commit_across_tasks() {
+/// The policies a [`StoreHandle`] is tested under: one writes on the store's thread (it syncs), one on the
+/// committing tasks' own threads (it never syncs).
+const HANDLE_POLICIES: [SyncPolicy; 2] = [SyncPolicy::Batch, SyncPolicy::None];
+
+/// Commits from many tasks at once, each order twice: every order applied once, in fewer groups than commits.
+async fn group_commit_across_tasks(policy: SyncPolicy) {
     let dir = tempfile::tempdir().unwrap();
-    let (store, _) = Store::open(dir.path(), SyncPolicy::Batch).unwrap();
+    let (store, _) = Store::open(dir.path(), policy).unwrap();
     let handle = StoreHandle::spawn(store);
     let (tasks, per_task) = (32u64, 40u64);
     let mut joins = Vec::new();
@@ -298,17 +302,20 @@ async fn group_commit_across_tasks() {
         applied += j.await.unwrap();
     }
     let commits = tasks * per_task * 2;
-    assert_eq!(applied, tasks * (per_task + 1));
+    assert_eq!(applied, tasks * (per_task + 1), "{policy}");
     assert_eq!(handle.applied(), applied);
     let stats = handle.stats();
     assert_eq!(stats.applied, applied);
     assert!(
         stats.groups < commits,
-        "{} groups for {commits} commits: no grouping",
+        "{policy}: {} groups for {commits} commits: no grouping",
         stats.groups
     );
-    // Batch: at most one sync per group (a group of repeats only writes and syncs nothing).
+    // At most one sync per group (a group of repeats only writes and syncs nothing); none without syncing.
     assert!(stats.syncs <= stats.groups);
+    if policy == SyncPolicy::None {
+        assert_eq!(stats.syncs, 0);
+    }
     handle.close().await;
     let entries = read_log(dir.path()).unwrap();
     assert_eq!(entries.len() as u64, applied);
@@ -316,40 +323,96 @@ async fn group_commit_across_tasks() {
         .flat_map(|t| (0..=per_task).map(move |s| id(t, s)))
         .collect();
     let a = audit(dir.path(), &made, &made).unwrap();
-    assert!(a.is_clean(), "{a:?}");
+    assert!(a.is_clean(), "{policy}: {a:?}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn group_commit_across_tasks_on_many_threads() {
+    for policy in HANDLE_POLICIES {
+        group_commit_across_tasks(policy).await;
+    }
+}
+
+/// A server with one thread runs every connection's task on it: commits written inline still group.
+#[tokio::test(flavor = "current_thread")]
+async fn group_commit_across_tasks_on_one_thread() {
+    for policy in HANDLE_POLICIES {
+        group_commit_across_tasks(policy).await;
+    }
 }
 
 #[tokio::test]
 async fn closing_releases_the_lock() {
-    let dir = tempfile::tempdir().unwrap();
-    let (store, _) = Store::open(dir.path(), SyncPolicy::Batch).unwrap();
-    let handle = StoreHandle::spawn(store);
-    let other = handle.clone();
-    handle.commit(orders(1, 0..3)).await.unwrap();
-    handle.close().await;
-    assert!(matches!(
-        other.commit(orders(1, 3..4)).await,
-        Err(StoreError::Closed)
-    ));
-    let (_store, recovery) = Store::open(dir.path(), SyncPolicy::Batch).unwrap();
-    assert_eq!(recovery.records, 3);
+    for policy in HANDLE_POLICIES {
+        let dir = tempfile::tempdir().unwrap();
+        let (store, _) = Store::open(dir.path(), policy).unwrap();
+        let handle = StoreHandle::spawn(store);
+        let other = handle.clone();
+        handle.commit(orders(1, 0..3)).await.unwrap();
+        handle.close().await;
+        assert!(
+            matches!(other.commit(orders(1, 3..4)).await, Err(StoreError::Closed)),
+            "{policy}"
+        );
+        let (_store, recovery) = Store::open(dir.path(), SyncPolicy::Batch).unwrap();
+        assert_eq!(recovery.records, 3, "{policy}");
+    }
 }
 
 #[tokio::test]
 async fn a_failed_write_fails_every_later_commit() {
-    let dir = tempfile::tempdir().unwrap();
-    // Every write to /dev/full fails with ENOSPC.
-    std::os::unix::fs::symlink("/dev/full", dir.path().join(LOG_FILE)).unwrap();
-    let (store, recovery) = Store::open(dir.path(), SyncPolicy::Batch).unwrap();
-    assert_eq!(recovery.records, 0);
-    let handle = StoreHandle::spawn(store);
-    let first = handle.commit(orders(1, 0..2)).await.unwrap_err();
-    assert!(first.to_string().contains("No space left"), "{first}");
-    for seq in 2..4 {
-        let err = handle.commit(orders(1, seq..seq + 1)).await.unwrap_err();
-        assert!(matches!(err, StoreError::Failed { .. }), "{err}");
+    for policy in HANDLE_POLICIES {
+        let dir = tempfile::tempdir().unwrap();
+        // Every write to /dev/full fails with ENOSPC.
+        std::os::unix::fs::symlink("/dev/full", dir.path().join(LOG_FILE)).unwrap();
+        let (store, recovery) = Store::open(dir.path(), policy).unwrap();
+        assert_eq!(recovery.records, 0);
+        let handle = StoreHandle::spawn(store);
+        let first = handle.commit(orders(1, 0..2)).await.unwrap_err();
+        assert!(
+            first.to_string().contains("No space left"),
+            "{policy}: {first}"
+        );
+        for seq in 2..4 {
+            let err = handle.commit(orders(1, seq..seq + 1)).await.unwrap_err();
+            assert!(matches!(err, StoreError::Failed { .. }), "{policy}: {err}");
+        }
+        assert_eq!(handle.stats().applied, 0, "{policy}");
+        // Releases the lock, which is on /dev/full itself, for the next policy's store.
+        handle.close().await;
     }
-    assert_eq!(handle.stats().applied, 0);
+}
+
+/// Written inline, the first commit of a turn writes the group the others join. Cancelled before it writes (its
+/// connection gone), it still writes the group, so the commits that joined it are answered, not left waiting.
+#[tokio::test(flavor = "current_thread")]
+async fn a_cancelled_leader_still_writes_its_group() {
+    use std::future::Future;
+    use std::task::{Context, Poll, Waker};
+    let dir = tempfile::tempdir().unwrap();
+    let (store, _) = Store::open(dir.path(), SyncPolicy::None).unwrap();
+    let handle = StoreHandle::spawn(store);
+    let mut cx = Context::from_waker(Waker::noop());
+    let mut leader = Box::pin(handle.commit(orders(1, 0..2)));
+    let mut joined = Box::pin(handle.commit(orders(2, 0..1)));
+    // The leader yields before writing; the second commit joins its group.
+    assert!(leader.as_mut().poll(&mut cx).is_pending());
+    assert!(joined.as_mut().poll(&mut cx).is_pending());
+    assert_eq!(handle.stats().groups, 0);
+    drop(leader);
+    // Answered without anything else running: the cancelled leader wrote the group as it was dropped.
+    let Poll::Ready(outcome) = joined.as_mut().poll(&mut cx) else {
+        panic!("the commit that joined a cancelled leader was left waiting");
+    };
+    assert_eq!(outcome.unwrap(), vec![Outcome::Applied]);
+    assert_eq!((handle.stats().groups, handle.stats().applied), (1, 3));
+    // The next commit leads a group of its own.
+    assert_eq!(
+        handle.commit(orders(2, 1..2)).await.unwrap(),
+        vec![Outcome::Applied]
+    );
+    handle.close().await;
+    assert_eq!(read_log(dir.path()).unwrap().len(), 4);
 }
 
 #[test]
