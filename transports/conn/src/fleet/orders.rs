@@ -2,30 +2,41 @@
 //! (amortised): a device may hold hundreds of thousands of orders (a drain's backlog), and a scan of them per answer
 //! would make the load generator, not the server, the thing measured.
 
-use foldhash::HashMap;
+use foldhash::{HashMap, HashSet};
 use std::collections::VecDeque;
 use tokio::time::Instant;
 use transport_core::{Order, OrderId};
 
+/// An order sent at least once and not answered.
 struct Entry {
     order: Order,
     /// Its place in the order the device was given orders: re-sending on a new connection keeps that order.
     made: u64,
-    /// The connection generation it was last sent on (0: never sent).
+    /// The connection generation it was last sent on.
     sent_on: u64,
-    /// When it was last sent (`None`: waiting for a connection).
+    /// When it was last sent (`None`: its connection dropped).
     sent_at: Option<Instant>,
 }
 
 /// Unanswered orders: sent on the current connection or waiting to be.
+///
+/// Most of a deep backlog has never been sent, so those orders wait in a queue in the order made and only the
+/// orders sent (at most the window, and what a dropped connection left) live in a map by id: the device's work per
+/// order touches one large set (the ids, to take each order once) and otherwise memory that stays in cache.
 #[derive(Default)]
 pub(super) struct Orders {
-    by_id: HashMap<OrderId, Entry>,
+    /// Every unanswered order's id, sent or not.
+    ids: HashSet<OrderId>,
+    /// Orders never sent, in the order made; every one was made after every order in `sent`.
+    fresh: VecDeque<(u64, Order)>,
+    /// Orders sent at least once and not answered.
+    sent: HashMap<OrderId, Entry>,
     made: u64,
-    /// The generation [`Orders::unsent`] is for.
+    /// The generation [`Orders::again`] is for.
     generation: u64,
-    /// Orders not yet sent on `generation`, in the order they were made (ids no longer here are skipped).
-    unsent: VecDeque<OrderId>,
+    /// Orders sent on an earlier connection, to send again on `generation` before any fresh one, in the order made
+    /// (ids no longer in `sent` are skipped).
+    again: VecDeque<OrderId>,
     /// Every send, in time order: `(when, id, generation)`; a record is stale once its order was answered, sent
     /// again, or its connection dropped, and is skipped then.
     sends: VecDeque<(Instant, OrderId, u64)>,
@@ -38,31 +49,25 @@ impl Orders {
     /// A new order, to be sent on the current connection; `false` if an order with its id is unanswered already
     /// (one order, sent and answered once).
     pub(super) fn push(&mut self, order: Order) -> bool {
-        let id = order.id;
-        self.made += 1;
-        let entry = Entry {
-            order,
-            made: self.made,
-            sent_on: 0,
-            sent_at: None,
-        };
-        if self.by_id.contains_key(&id) {
+        if !self.ids.insert(order.id) {
             return false;
         }
-        self.by_id.insert(id, entry);
-        self.unsent.push_back(id);
+        self.made += 1;
+        self.fresh.push_back((self.made, order));
         true
     }
 
     pub(super) fn is_empty(&self) -> bool {
-        self.by_id.is_empty()
+        self.ids.is_empty()
     }
 
     /// Forget every order; how many there were.
     pub(super) fn clear(&mut self) -> usize {
-        let n = self.by_id.len();
-        self.by_id.clear();
-        self.unsent.clear();
+        let n = self.ids.len();
+        self.ids.clear();
+        self.fresh.clear();
+        self.sent.clear();
+        self.again.clear();
         self.sends.clear();
         self.in_flight = 0;
         n
@@ -70,15 +75,19 @@ impl Orders {
 
     /// Answered: forget it. Whether it was here (an order is answered once).
     pub(super) fn remove(&mut self, id: &OrderId) -> bool {
-        match self.by_id.remove(id) {
+        if !self.ids.remove(id) {
+            return false;
+        }
+        match self.sent.remove(id) {
             Some(e) => {
                 if e.sent_on == self.generation && e.sent_at.is_some() {
                     self.in_flight -= 1;
                 }
-                true
             }
-            None => false,
+            // Never sent: a device only hears answers to orders it sent, so this is not on its path.
+            None => self.fresh.retain(|(_, o)| o.id != *id),
         }
+        true
     }
 
     /// Hand orders not yet sent on connection `generation` to `send`, in the order they were made, until `window`
@@ -92,41 +101,50 @@ impl Orders {
         mut send: impl FnMut(&Order, bool),
     ) {
         if generation != self.generation {
-            // A new connection: everything goes again, in the order it was made.
+            // A new connection: everything sent before goes again, in the order it was made, then the fresh ones.
             self.generation = generation;
             self.in_flight = 0;
             let mut all: Vec<(u64, OrderId)> = self
-                .by_id
+                .sent
                 .iter()
                 .filter(|(_, e)| e.sent_on != generation)
                 .map(|(id, e)| (e.made, *id))
                 .collect();
             all.sort_unstable();
-            self.unsent = all.into_iter().map(|(_, id)| id).collect();
+            self.again = all.into_iter().map(|(_, id)| id).collect();
         }
         while self.in_flight < window {
-            let Some(id) = self.unsent.pop_front() else {
+            let (entry, again) = if let Some(id) = self.again.pop_front() {
+                let Some(e) = self.sent.get_mut(&id) else {
+                    continue; // answered meanwhile
+                };
+                if e.sent_on == generation {
+                    continue;
+                }
+                (e, true)
+            } else if let Some((made, order)) = self.fresh.pop_front() {
+                let e = self.sent.entry(order.id).or_insert(Entry {
+                    order,
+                    made,
+                    sent_on: 0,
+                    sent_at: None,
+                });
+                (e, false)
+            } else {
                 break;
             };
-            let Some(e) = self.by_id.get_mut(&id) else {
-                continue; // answered meanwhile
-            };
-            if e.sent_on == generation {
-                continue;
-            }
-            let again = e.sent_on != 0;
-            e.sent_on = generation;
-            e.sent_at = Some(now);
+            entry.sent_on = generation;
+            entry.sent_at = Some(now);
             self.in_flight += 1;
-            self.sends.push_back((now, id, generation));
-            send(&e.order, again);
+            self.sends.push_back((now, entry.order.id, generation));
+            send(&entry.order, again);
         }
     }
 
     /// When the longest-waiting order sent on a live connection was sent.
     pub(super) fn oldest_sent(&mut self) -> Option<Instant> {
         while let Some(&(at, id, generation)) = self.sends.front() {
-            match self.by_id.get(&id) {
+            match self.sent.get(&id) {
                 Some(e) if e.sent_on == generation && e.sent_at == Some(at) => return Some(at),
                 _ => {
                     self.sends.pop_front();
@@ -138,7 +156,7 @@ impl Orders {
 
     /// The connection dropped: nothing is waiting for an answer on it any more.
     pub(super) fn connection_dropped(&mut self) {
-        for e in self.by_id.values_mut() {
+        for e in self.sent.values_mut() {
             e.sent_at = None;
         }
         self.sends.clear();
