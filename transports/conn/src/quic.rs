@@ -192,9 +192,7 @@ where
                 return Served::Malformed;
             }
         }
-        if buf.capacity() - buf.len() < 512 {
-            buf.reserve(4096);
-        }
+        framing::make_room(&mut buf);
         match recv.read_buf(&mut buf).await {
             Ok(0) | Err(_) => return Served::Gone,
             Ok(_) => {}

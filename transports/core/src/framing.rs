@@ -215,6 +215,22 @@ pub fn decode(buf: &mut BytesMut) -> Result<Option<Frame>, FrameError> {
     Ok(Some(frame))
 }
 
+/// Make room in a stream's read buffer before the next read, for the frame at its front: what it still lacks
+/// (the length prefix, then the rest of the frame), but never more than it holds already (at least 256
+/// bytes). A buffer sized for the frames it usually holds (an order, an answer) is never grown, so a short frame
+/// costs one small allocation; a long one grows by doubling as its bytes arrive, so a peer that announces a long
+/// frame and sends nothing more holds no more than twice what it sent.
+pub fn make_room(buf: &mut BytesMut) {
+    let frame = match buf.first_chunk::<LEN_PREFIX>() {
+        Some(prefix) => LEN_PREFIX + u32::from_be_bytes(*prefix) as usize,
+        None => LEN_PREFIX,
+    };
+    let wanted = frame.saturating_sub(buf.len()).clamp(1, buf.len().max(256));
+    if buf.capacity() - buf.len() < wanted {
+        buf.reserve(wanted);
+    }
+}
+
 /// Read the next frame from `reader`, buffering in `buf` (keep one per stream: it may hold the start of the next
 /// frame). `Ok(None)` when the stream ends cleanly between frames.
 pub async fn read_frame<R: AsyncRead + Unpin>(
@@ -225,9 +241,7 @@ pub async fn read_frame<R: AsyncRead + Unpin>(
         if let Some(frame) = decode(buf)? {
             return Ok(Some(frame));
         }
-        if buf.capacity() - buf.len() < 512 {
-            buf.reserve(4096);
-        }
+        make_room(buf);
         if reader.read_buf(buf).await? == 0 {
             return if buf.is_empty() {
                 Ok(None)
@@ -354,6 +368,85 @@ mod tests {
         encode_order(&order(0, 10), &mut buf);
         buf[LEN_PREFIX + 1 + 32 + 3] = 11;
         assert!(matches!(decode(&mut buf), Err(FrameError::Truncated)));
+    }
+
+    /// Frames read from a stream that delivers a few bytes at a time: an answer fits the small buffer a device
+    /// reads it into (never grown), an order the server's, and a frame of the largest size grows the buffer until
+    /// it is whole; a stream that ends inside a frame is an error, one that ends between frames is not.
+    #[tokio::test]
+    async fn frames_are_read_from_a_stream_in_pieces() {
+        let id = order(3, 0).id;
+        let big = order(4, MAX_FRAME_PAYLOAD);
+        let mut bytes = BytesMut::new();
+        encode_stored(&id, &mut bytes);
+        let answer_len = bytes.len();
+        encode_order(&order(5, 64), &mut bytes);
+        let order_len = bytes.len() - answer_len;
+        encode_order(&big, &mut bytes);
+        let mut stream = tokio_test_reader(&bytes, 7);
+
+        let mut small = BytesMut::with_capacity(64);
+        assert_eq!(
+            read_frame(&mut stream, &mut small).await.unwrap(),
+            Some(Frame::Stored(id))
+        );
+        // Capacity counts from the front, which moved past the answer: not grown.
+        assert_eq!(small.capacity() + answer_len, 64, "an answer fits 64 bytes");
+        let mut buf = BytesMut::with_capacity(256);
+        buf.extend_from_slice(&small);
+        assert_eq!(
+            read_frame(&mut stream, &mut buf).await.unwrap(),
+            Some(Frame::Order(order(5, 64)))
+        );
+        assert_eq!(
+            buf.capacity() + order_len,
+            256,
+            "an order of 64 bytes fits 256"
+        );
+        assert_eq!(
+            read_frame(&mut stream, &mut buf).await.unwrap(),
+            Some(Frame::Order(big))
+        );
+        assert_eq!(read_frame(&mut stream, &mut buf).await.unwrap(), None);
+
+        // A frame announced at the largest length, of which only the prefix and a few bytes arrive: the buffer
+        // holds about twice what was sent, not the announced length.
+        let mut announced = BytesMut::new();
+        announced.put_u32(MAX_FRAME as u32);
+        announced.extend_from_slice(&[TYPE_ORDER; 300]);
+        let mut stream = tokio_test_reader(&announced, 50);
+        let mut buf = BytesMut::with_capacity(256);
+        assert!(matches!(
+            read_frame(&mut stream, &mut buf).await,
+            Err(FrameError::UnexpectedEof)
+        ));
+        assert!(buf.capacity() <= 1024, "{} bytes held", buf.capacity());
+
+        let mut cut = BytesMut::new();
+        encode_stored(&id, &mut cut);
+        let mut stream = tokio_test_reader(&cut[..cut.len() - 1], 3);
+        assert!(matches!(
+            read_frame(&mut stream, &mut BytesMut::new()).await,
+            Err(FrameError::UnexpectedEof)
+        ));
+    }
+
+    /// A reader that hands out `bytes` at most `step` bytes per read.
+    fn tokio_test_reader(bytes: &[u8], step: usize) -> impl AsyncRead + Unpin + '_ {
+        struct Pieces<'a>(&'a [u8], usize);
+        impl AsyncRead for Pieces<'_> {
+            fn poll_read(
+                mut self: std::pin::Pin<&mut Self>,
+                _: &mut std::task::Context<'_>,
+                out: &mut tokio::io::ReadBuf<'_>,
+            ) -> std::task::Poll<std::io::Result<()>> {
+                let n = self.1.min(self.0.len()).min(out.remaining());
+                out.put_slice(&self.0[..n]);
+                self.0 = &self.0[n..];
+                std::task::Poll::Ready(Ok(()))
+            }
+        }
+        Pieces(bytes, step)
     }
 
     #[test]
