@@ -383,7 +383,7 @@ mod tests {
         encode_order(&order(5, 64), &mut bytes);
         let order_len = bytes.len() - answer_len;
         encode_order(&big, &mut bytes);
-        let mut stream = tokio_test_reader(&bytes, 7);
+        let mut stream = pieces(&bytes, 7);
 
         let mut small = BytesMut::with_capacity(64);
         assert_eq!(
@@ -414,7 +414,7 @@ mod tests {
         let mut announced = BytesMut::new();
         announced.put_u32(MAX_FRAME as u32);
         announced.extend_from_slice(&[TYPE_ORDER; 300]);
-        let mut stream = tokio_test_reader(&announced, 50);
+        let mut stream = pieces(&announced, 50);
         let mut buf = BytesMut::with_capacity(256);
         assert!(matches!(
             read_frame(&mut stream, &mut buf).await,
@@ -424,7 +424,7 @@ mod tests {
 
         let mut cut = BytesMut::new();
         encode_stored(&id, &mut cut);
-        let mut stream = tokio_test_reader(&cut[..cut.len() - 1], 3);
+        let mut stream = pieces(&cut[..cut.len() - 1], 3);
         assert!(matches!(
             read_frame(&mut stream, &mut BytesMut::new()).await,
             Err(FrameError::UnexpectedEof)
@@ -432,7 +432,7 @@ mod tests {
     }
 
     /// A reader that hands out `bytes` at most `step` bytes per read.
-    fn tokio_test_reader(bytes: &[u8], step: usize) -> impl AsyncRead + Unpin + '_ {
+    fn pieces(bytes: &[u8], step: usize) -> impl AsyncRead + Unpin + '_ {
         struct Pieces<'a>(&'a [u8], usize);
         impl AsyncRead for Pieces<'_> {
             fn poll_read(

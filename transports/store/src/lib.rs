@@ -746,39 +746,41 @@ enum Writer {
 /// leads, yields once so that the commits of the turn's other ready tasks join its group, then writes the group.
 #[derive(Debug)]
 struct Inline {
-    /// `None` once closed.
-    store: Mutex<Option<Store>>,
-    queue: Mutex<Queue>,
+    /// The store (`None` once closed), and the group being written.
+    written: Mutex<(Option<Store>, Group)>,
+    /// The group the commits join until its leader writes it.
+    queue: Mutex<Group>,
 }
 
-/// The commits waiting for their group's leader.
+/// Commits to write as one group: their orders, and each commit's count and reply. The two buffers of [`Inline`]
+/// trade places at every group, so neither is allocated again.
 #[derive(Debug, Default)]
-struct Queue {
+struct Group {
     orders: Vec<Order>,
     waiting: Vec<(usize, Reply)>,
-    /// Whether a leader will write what is queued.
+    /// Whether a leader will write this group (only the queue's is ever set).
     led: bool,
 }
 
 impl Inline {
     /// Write everything queued as one group and answer each commit (as closed, once the store is).
     fn flush(&self) {
-        let (orders, waiting) = {
+        let mut written = lock(&self.written);
+        let (store, group) = &mut *written;
+        {
             let mut queue = lock(&self.queue);
             queue.led = false;
-            (
-                std::mem::take(&mut queue.orders),
-                std::mem::take(&mut queue.waiting),
-            )
-        };
-        if waiting.is_empty() {
-            return;
+            std::mem::swap(&mut queue.orders, &mut group.orders);
+            std::mem::swap(&mut queue.waiting, &mut group.waiting);
         }
-        let mut store = lock(&self.store);
-        // Closed: the replies are dropped, and each commit answers `Closed`.
-        if let Some(store) = store.as_mut() {
-            answer_group(store, &orders, waiting);
+        match store {
+            Some(store) if !group.waiting.is_empty() => {
+                answer_group(store, &group.orders, &mut group.waiting)
+            }
+            // Closed: the replies are dropped, and each commit answers `Closed`.
+            _ => group.waiting.clear(),
         }
+        group.orders.clear();
     }
 }
 
@@ -792,12 +794,13 @@ impl Drop for Lead<'_> {
     }
 }
 
-/// Commit `orders` as one group and answer each waiting commit with its part of the outcomes, in order.
-fn answer_group(store: &mut Store, orders: &[Order], waiting: Vec<(usize, Reply)>) {
+/// Commit `orders` as one group and answer each waiting commit with its part of the outcomes, in order; `waiting`
+/// is left empty.
+fn answer_group(store: &mut Store, orders: &[Order], waiting: &mut Vec<(usize, Reply)>) {
     match store.commit(orders) {
         Ok(outcomes) => {
             let mut rest = outcomes.as_slice();
-            for (n, reply) in waiting {
+            for (n, reply) in waiting.drain(..) {
                 let (mine, others) = rest.split_at(n);
                 rest = others;
                 let _ = reply.send(Ok(mine.to_vec()));
@@ -805,7 +808,7 @@ fn answer_group(store: &mut Store, orders: &[Order], waiting: Vec<(usize, Reply)
         }
         Err(e) => {
             let reason = e.to_string();
-            for (_, reply) in waiting {
+            for (_, reply) in waiting.drain(..) {
                 let _ = reply.send(Err(StoreError::Failed {
                     reason: reason.clone(),
                 }));
@@ -852,7 +855,7 @@ impl StoreHandle {
         let dir = store.dir().to_path_buf();
         let writer = if policy == SyncPolicy::None {
             Writer::Inline(Arc::new(Inline {
-                store: Mutex::new(Some(store)),
+                written: Mutex::new((Some(store), Group::default())),
                 queue: Mutex::default(),
             }))
         } else {
@@ -914,7 +917,7 @@ impl StoreHandle {
             }
             Writer::Inline(inline) => {
                 inline.flush();
-                lock(&inline.store).take();
+                lock(&inline.written).0.take();
             }
         }
     }
@@ -994,7 +997,7 @@ fn writer(mut store: Store, rx: mpsc::Receiver<Request>) {
         if waiting.is_empty() {
             continue;
         }
-        answer_group(&mut store, &orders, std::mem::take(&mut waiting));
+        answer_group(&mut store, &orders, &mut waiting);
         orders.clear();
     }
     // Close the file (releasing the lock) before saying so; requests still queued are dropped and answer Closed.
