@@ -40,8 +40,10 @@
 //! [`read_log`] and [`audit`] read the log itself (not counters) after a run, so the runner can check that every
 //! order made was stored once and every acknowledged order is in the log.
 
+pub mod applied;
 pub mod fs;
 
+use applied::AppliedIds;
 use hdrhistogram::Histogram;
 use serde::{Deserialize, Serialize};
 use std::collections::HashSet;
@@ -281,9 +283,8 @@ pub struct Store {
     path: PathBuf,
     file: File,
     policy: SyncPolicy,
-    /// Every id in the log. Randomly seeded foldhash rather than std's SipHash: one insert per order, and SipHash
-    /// was the largest part of the store's own CPU in a drain's profile.
-    applied: foldhash::HashSet<OrderId>,
+    /// Every id in the log, as ranges of seqs per sender run ([`applied`]).
+    applied: AppliedIds,
     buf: Vec<u8>,
     failed: Option<String>,
     stats: Arc<StatCells>,
@@ -320,7 +321,7 @@ impl Store {
                 .map_err(|e| StoreError::io(dir, e))?;
         }
 
-        let mut applied = foldhash::HashSet::default();
+        let mut applied = AppliedIds::default();
         let mut recovery = Recovery::default();
         let end = scan(&file, &path, |entry| {
             recovery.records += 1;
@@ -336,9 +337,7 @@ impl Store {
         }
 
         let stats = Arc::new(StatCells::default());
-        stats
-            .recovered
-            .store(applied.len() as u64, Ordering::Relaxed);
+        stats.recovered.store(applied.len(), Ordering::Relaxed);
         let store = Store {
             path,
             file,
@@ -436,7 +435,7 @@ impl Store {
 
     /// Distinct orders in the store (recovered at open and applied since).
     pub fn applied(&self) -> u64 {
-        self.applied.len() as u64
+        self.applied.len()
     }
 
     /// The sync policy.
