@@ -265,9 +265,7 @@ async fn drain(run: &mut Run<'_>, params: &DrainParams) -> Result<(), WorkloadEr
     run.server()?.stop()?;
     run.say(&format!("server stopped, handing over {backlog} orders"));
     for (d, orders) in backlog_orders {
-        for o in orders {
-            f.fleet.send(d, o);
-        }
+        f.fleet.send_all(d, orders);
     }
     tokio::time::sleep(Duration::from_millis(params.pile_up_ms)).await;
 

@@ -330,6 +330,15 @@ pub trait Fleet: Send + Sync {
     /// would configure it, and reports [`LinkEvent::Stored`] once when the server answers.
     fn send(&self, device: u32, order: Order);
 
+    /// Hand a device's backlog over at once: the same as [`send`](Fleet::send) for each order, in order. A fleet
+    /// whose devices take commands one at a time takes the backlog as one, so a large backlog costs the devices
+    /// one hand-over rather than one per order.
+    fn send_all(&self, device: u32, orders: Vec<Order>) {
+        for order in orders {
+            self.send(device, order);
+        }
+    }
+
     /// Orders handed over and not yet answered, across all devices.
     fn pending(&self) -> usize;
 

@@ -66,6 +66,8 @@ impl Sockets {
 
 enum Command {
     Send(u32, Order),
+    /// A device's backlog, taken in one turn.
+    SendAll(u32, Vec<Order>),
     Subscribe(u32, u32, QoS, oneshot::Sender<Answered>),
     Publish(u32, Publish),
 }
@@ -189,6 +191,17 @@ impl Fleet for PureFleet {
         self.outstanding.orders.fetch_add(1, Ordering::Relaxed);
         if self.command(device, Command::Send(device, order)).is_err() {
             self.outstanding.orders.fetch_sub(1, Ordering::Relaxed);
+        }
+    }
+
+    fn send_all(&self, device: u32, orders: Vec<Order>) {
+        let n = orders.len();
+        self.outstanding.orders.fetch_add(n, Ordering::Relaxed);
+        if self
+            .command(device, Command::SendAll(device, orders))
+            .is_err()
+        {
+            self.outstanding.orders.fetch_sub(n, Ordering::Relaxed);
         }
     }
 
@@ -393,7 +406,10 @@ impl Shard {
 
     fn command(&mut self, now: Instant, cmd: Command) {
         let device = match &cmd {
-            Command::Send(d, _) | Command::Subscribe(d, ..) | Command::Publish(d, _) => *d,
+            Command::Send(d, _)
+            | Command::SendAll(d, _)
+            | Command::Subscribe(d, ..)
+            | Command::Publish(d, _) => *d,
         };
         let Some(&i) = self.by_device.get(&device) else {
             return;
@@ -401,6 +417,7 @@ impl Shard {
         let sender = &mut self.devices[i].1;
         match cmd {
             Command::Send(_, order) => sender.push(now, order),
+            Command::SendAll(_, orders) => sender.push_all(now, orders),
             Command::Subscribe(_, channel, qos, answered) => {
                 self.waiters.entry((i, channel)).or_default().push(answered);
                 sender.subscribe(now, channel, qos);

@@ -238,6 +238,12 @@ impl Sender {
         self.fill_window(now);
     }
 
+    /// Hand over a backlog of orders at once: the same as [`Sender::push`] for each, in order.
+    pub fn push_all(&mut self, now: Instant, orders: impl IntoIterator<Item = Order>) {
+        self.outbox.extend(orders.into_iter().map(Item::Order));
+        self.fill_window(now);
+    }
+
     /// Subscribe to `channel` at `qos` (again, if already subscribed: the new QoS replaces the old one).
     pub fn subscribe(&mut self, now: Instant, channel: u32, qos: QoS) {
         match self.subscriptions.iter_mut().find(|(c, _)| *c == channel) {
