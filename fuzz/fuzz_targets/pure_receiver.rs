@@ -5,7 +5,7 @@
 //! The input picks a kind and a list of operations (`transport_fuzz::pure_ops`): devices make orders, subscribe and
 //! publish (sealed by the real `Sender`), lose datagrams, re-send, restart; time passes; the receiver restarts; an
 //! adversary replays, cuts, flips and splices datagrams seen on the wire (from any source address), sends raw bytes,
-//! seals orders, subscribes and publishes of its own with an allowed device's keys while naming another device (or
+//! seals orders (in records and in bundles), subscribes and publishes of its own with an allowed device's keys while naming another device (or
 //! with the key of a device the receiver does not know), and forges deliveries and delivery answers with keys other
 //! than the victim's. The relay runs with small bounds (`transport_fuzz::pure::relay_config`).
 //!
@@ -155,8 +155,9 @@ impl World {
                     self.sealed_by_owner.insert(key(&order));
                 }
                 d.sender.push(self.now, order.clone());
-                let sent = self.transmit(device, lose);
-                if !lose && device < ALLOWED && sent.iter().any(|dg| carries(dg, &order.id)) {
+                self.transmit(device, lose);
+                // Sent now (not held back by the window): in a record or a bundle of what just went out.
+                if !lose && device < ALLOWED && self.devices[device].sender.sent(&order.id) {
                     self.check_stored_after_exchange(device, order.id);
                 }
             }
@@ -362,7 +363,7 @@ impl World {
                 match frame {
                     Ok(Frame::Record(r)) if !r.op.to_device() => {
                         assert_eq!((r.kind, r.key_id), (self.kind, key_id));
-                        if r.op != WireOp::Order {
+                        if !matches!(r.op, WireOp::Order | WireOp::Bundle) {
                             self.devices[device].pubsub_run = Some(r.run);
                         }
                     }
@@ -444,6 +445,12 @@ impl World {
                         assert_eq!(a.kind, self.kind);
                         assert_eq!(a.receiver_run, run, "an answer names another receiver run");
                         *answered.entry(to).or_insert(0) += a.kind.answer_len();
+                    }
+                    Ok(Frame::AnswerBundle(b)) => {
+                        assert_eq!(b.kind, self.kind);
+                        assert!(b.kind.bundles(), "an answer bundle of {:?}", b.kind);
+                        assert_eq!(b.receiver_run, run, "an answer bundle names another receiver run");
+                        *answered.entry(to).or_insert(0) += wire::answer_bundle_len(b.kind, b.len());
                     }
                     Ok(Frame::Record(r)) if r.op.to_device() => {
                         assert_eq!(r.kind, self.kind);
@@ -782,6 +789,16 @@ impl World {
             payload
         };
         let mut dg = Vec::new();
+        // An order with an odd number goes in a bundle of its own where the kind bundles orders (the bundle numbered
+        // as the order), so forged bundles meet the receiver as forged records do.
+        let bundle = op == WireOp::Order && kind.bundles() && seq % 2 == 1;
+        let mut entries = Vec::new();
+        let (op, fields, payload) = if bundle {
+            wire::put_entry(&mut entries, seq, made_us, payload);
+            (WireOp::Bundle, &[][..], &entries[..])
+        } else {
+            (op, &fields[..], payload)
+        };
         let head = Head {
             kind,
             op,
@@ -794,7 +811,7 @@ impl World {
             &mut dg,
             &head,
             keys.as_ref().map(|k| k as &dyn Sealer),
-            &fields,
+            fields,
             payload,
         );
         dg
@@ -957,15 +974,6 @@ fn key(o: &Order) -> (u64, u64, u64, u64, Vec<u8>) {
         o.made_us,
         o.payload.clone(),
     )
-}
-
-/// Whether a datagram carries the record of order `id` (its device's key id, run and number).
-fn carries(dg: &[u8], id: &OrderId) -> bool {
-    let key_id = fixture().devices[id.sender as usize].key_id();
-    wire::frames(dg).any(|f| {
-        matches!(f, Ok(Frame::Record(r)) if r.op == WireOp::Order && r.key_id == key_id
-            && r.run == id.run && r.seq == id.seq)
-    })
 }
 
 fn pick(list: &[Vec<u8>], index: u16) -> Option<Vec<u8>> {

@@ -1,5 +1,5 @@
 //! Pure's frame parser (`transport_pure::wire`) on arbitrary datagrams: records of every op (orders, subscribes,
-//! publishes, deliveries) and answers, of every variant.
+//! publishes, deliveries, bundles of orders) and answers (answer bundles too), of every variant.
 //!
 //! Checks, for every datagram:
 //! - walking it never panics, and `frames()` agrees with `parse_frame()` frame by frame;
@@ -10,7 +10,9 @@
 //! - every accepted frame is exactly the bytes the encoders (`put_record_header`, `put_answer_header`,
 //!   `put_refusal_header`) write for the fields it reports, so parse and encode agree; the variant header, enc and receiver run are where the format
 //!   puts them;
-//! - frames tile the datagram from its start, and the walk stops at the first malformed frame.
+//! - frames tile the datagram from its start, and the walk stops at the first malformed frame;
+//! - a plain bundle's orders (its plaintext is readable) walk as the reference reads them, and encode back to their
+//!   bytes.
 #![no_main]
 
 use libfuzzer_sys::fuzz_target;
@@ -58,7 +60,8 @@ fn reference(buf: &[u8]) -> Result<usize, WireError> {
         kind & 0x08 != 0,
         kind & 0x07,
     );
-    if !(1..=4).contains(&variant) || op > 5 {
+    // Op 6, a bundle of orders (and its answer bundle), is no variant's but hpke-per-request's.
+    if !(1..=4).contains(&variant) || op > 6 || (op == 6 && variant == 3) {
         return Err(WireError::Kind(kind));
     }
     // Only the answer to a subscribe can say it was refused.
@@ -67,6 +70,23 @@ fn reference(buf: &[u8]) -> Result<usize, WireError> {
     }
     let sealed = variant != 1;
     let tag = if sealed { 16 } else { 0 };
+    if answer && op == 6 {
+        // The answer header, then count u16, count seqs u64 and the tag; at least one seq.
+        let head = COMMON + 8 + 2;
+        if buf.len() < head {
+            return Err(WireError::Truncated);
+        }
+        let count = usize::from(u16::from_be_bytes([buf[COMMON + 8], buf[COMMON + 9]]));
+        if count == 0 {
+            return Err(WireError::ShortBody);
+        }
+        let len = head + 8 * count + tag;
+        return if buf.len() < len {
+            Err(WireError::Truncated)
+        } else {
+            Ok(len)
+        };
+    }
     if answer {
         // Only orders, subscribes, QoS 1 publishes and QoS 1 deliveries are answered.
         if !matches!(op, 0 | 1 | 2 | 4) {
@@ -92,8 +112,9 @@ fn reference(buf: &[u8]) -> Result<usize, WireError> {
         return Err(WireError::Truncated);
     }
     let body = usize::from(u16::from_be_bytes([buf[header - 2], buf[header - 1]]));
-    // made_us; receiver run, channel, qos; receiver run, channel, id; channel, id.
-    let fixed = [8, 8 + 4 + 1, 8 + 4 + 8, 8 + 4 + 8, 4 + 8, 4 + 8][usize::from(op)];
+    // made_us; receiver run, channel, qos; receiver run, channel, id; channel, id; a bundle's first order's seq,
+    // len and made_us.
+    let fixed = [8, 8 + 4 + 1, 8 + 4 + 8, 8 + 4 + 8, 4 + 8, 4 + 8, 8 + 2 + 8][usize::from(op)];
     if body < fixed + tag {
         return Err(WireError::ShortBody);
     }
@@ -101,6 +122,25 @@ fn reference(buf: &[u8]) -> Result<usize, WireError> {
         return Err(WireError::Truncated);
     }
     Ok(header + body)
+}
+
+/// The orders of a bundle's plaintext as the format reads them: (seq, plaintext) each, and whether the walk ended
+/// at a malformed entry.
+fn reference_entries(mut plain: &[u8]) -> (Vec<(u64, &[u8])>, bool) {
+    let mut out = Vec::new();
+    while !plain.is_empty() {
+        // seq u64 | len u16 | made_us u64 | payload, len counting made_us and the payload.
+        if plain.len() < 10 {
+            return (out, true);
+        }
+        let len = usize::from(u16::from_be_bytes([plain[8], plain[9]]));
+        if len < 8 || plain.len() < 10 + len {
+            return (out, true);
+        }
+        out.push((u64::from_be_bytes(plain[..8].try_into().expect("8 bytes")), &plain[10..10 + len]));
+        plain = &plain[10 + len..];
+    }
+    (out, false)
 }
 
 /// The bytes the encoders write for `frame`, with checks of the lengths and fields it reports.
@@ -140,6 +180,20 @@ fn reencode(frame: &Frame<'_>) -> Vec<u8> {
                 r.kind,
                 r.op
             );
+            if r.op == Op::Bundle && r.kind == Kind::Plain {
+                let (expected, broken) = reference_entries(r.body);
+                let walked: Vec<_> = wire::entries(r.body).collect();
+                let good: Vec<(u64, &[u8])> =
+                    walked.iter().filter_map(|e| e.ok()).map(|e| (e.seq, e.plain)).collect();
+                assert_eq!(good, expected, "a bundle's orders");
+                assert_eq!(walked.last().is_some_and(|e| e.is_err()), broken, "a bundle's malformed order");
+                let mut again = Vec::new();
+                for (seq, plain) in &good {
+                    let made = u64::from_be_bytes(plain[..8].try_into().expect("8 bytes"));
+                    wire::put_entry(&mut again, *seq, made, &plain[8..]);
+                }
+                assert!(r.body.starts_with(&again), "a bundle's orders encode back to their bytes");
+            }
             let header = wire::put_record_header(
                 &mut out,
                 r.kind,
@@ -181,6 +235,26 @@ fn reencode(frame: &Frame<'_>) -> Vec<u8> {
             assert_eq!(&out[header], a.header);
             out.extend_from_slice(a.tag);
             assert_eq!(out.len(), a.kind.answer_len());
+        }
+        Frame::AnswerBundle(b) => {
+            assert!(b.kind.bundles(), "an answer bundle of {:?}", b.kind);
+            assert!(!b.is_empty(), "an empty answer bundle was accepted");
+            assert_eq!(b.tag.len(), if b.kind.sealed() { wire::TAG_LEN } else { 0 });
+            wire::put_answer_bundle_header(
+                &mut out,
+                b.kind,
+                &b.key_id,
+                b.run,
+                b.number,
+                b.receiver_run,
+                b.len(),
+            );
+            for seq in b.seqs() {
+                out.extend_from_slice(&seq.to_be_bytes());
+            }
+            assert_eq!(&out[..], b.header);
+            out.extend_from_slice(b.tag);
+            assert_eq!(out.len(), wire::answer_bundle_len(b.kind, b.len()));
         }
     }
     out

@@ -194,7 +194,9 @@ fn measure(opt: MeasureOpt) -> anyhow::Result<()> {
                 let result = callgrind.count(s.name, n).map(|total| Record {
                     schema: SCHEMA.into(),
                     scenario: s.name.into(),
-                    instructions_per_op: (total as f64 / n as f64 * 10.0).round() / 10.0,
+                    instructions_per_op: (total as f64 / (n * s.ops_per_step) as f64 * 10.0)
+                        .round()
+                        / 10.0,
                     instructions: total,
                     iterations: n,
                     provenance: provenance.clone(),

@@ -480,6 +480,15 @@ pub struct AnswerKey {
     aead: Arc<LessSafeKey>,
 }
 
+impl std::fmt::Debug for AnswerKey {
+    /// The run only: never the key.
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("AnswerKey")
+            .field("run", &self.run)
+            .finish_non_exhaustive()
+    }
+}
+
 impl AnswerKey {
     /// The receiver run this key is for.
     pub fn run(&self) -> u64 {

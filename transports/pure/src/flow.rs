@@ -386,7 +386,11 @@ impl<K: Ord + Copy> Ordered<K> {
         if self.keys.back().is_none_or(|(last, _)| last < key) {
             return None;
         }
-        self.find(key).ok().map(|i| self.keys[i].1)
+        // Frames are mostly answered oldest first: the front is the likeliest, and needs no search.
+        match self.keys.front() {
+            Some((first, slot)) if first == key => Some(*slot),
+            _ => self.find(key).ok().map(|i| self.keys[i].1),
+        }
     }
 
     /// Add `key` at `slot` (or give it `slot` if it is there).

@@ -97,49 +97,92 @@ pub const SPECS: &[Spec] = &[
         about: "as `pure:plain`, the devices sharing 16 sockets",
         make: || Box::new(Pure::new(Kind::Plain, false).with_sockets(Sockets::Shared)),
     },
+    Spec {
+        name: "pure+records",
+        about: "as `pure`, every order a record of its own with its own seal and answer (no bundles)",
+        make: || Box::new(Pure::new(Kind::Link, true).with_records()),
+    },
+    Spec {
+        name: "pure:hpke-session+records",
+        about: "as `pure:hpke-session`, every order a record of its own (no bundles)",
+        make: || Box::new(Pure::new(Kind::HpkeSession, false).with_records()),
+    },
+    Spec {
+        name: "pure:plain+records",
+        about: "as `pure:plain`, every order a record of its own (no bundles)",
+        make: || Box::new(Pure::new(Kind::Plain, false).with_records()),
+    },
 ];
 
-/// Every variant: its spec, how it seals, whether it remembers link secrets, how its devices get sockets.
-const VARIANTS: [(&str, Kind, bool, Sockets); 10] = [
-    ("pure", Kind::Link, true, Sockets::PerDevice),
-    ("pure:no-memo", Kind::Link, false, Sockets::PerDevice),
+/// Every variant: its spec, how it seals, whether it remembers link secrets, how its devices get sockets, whether
+/// they send orders in bundles.
+const VARIANTS: [(&str, Kind, bool, Sockets, bool); 13] = [
+    ("pure", Kind::Link, true, Sockets::PerDevice, true),
+    ("pure:no-memo", Kind::Link, false, Sockets::PerDevice, true),
     (
         "pure:hpke-session",
         Kind::HpkeSession,
         false,
         Sockets::PerDevice,
+        true,
     ),
     (
         "pure:hpke-per-request",
         Kind::HpkePerRequest,
         false,
         Sockets::PerDevice,
+        false,
     ),
-    ("pure:plain", Kind::Plain, false, Sockets::PerDevice),
-    ("pure+shared-sockets", Kind::Link, true, Sockets::Shared),
+    ("pure:plain", Kind::Plain, false, Sockets::PerDevice, true),
+    (
+        "pure+shared-sockets",
+        Kind::Link,
+        true,
+        Sockets::Shared,
+        true,
+    ),
     (
         "pure:no-memo+shared-sockets",
         Kind::Link,
         false,
         Sockets::Shared,
+        true,
     ),
     (
         "pure:hpke-session+shared-sockets",
         Kind::HpkeSession,
         false,
         Sockets::Shared,
+        true,
     ),
     (
         "pure:hpke-per-request+shared-sockets",
         Kind::HpkePerRequest,
         false,
         Sockets::Shared,
+        false,
     ),
     (
         "pure:plain+shared-sockets",
         Kind::Plain,
         false,
         Sockets::Shared,
+        true,
+    ),
+    ("pure+records", Kind::Link, true, Sockets::PerDevice, false),
+    (
+        "pure:hpke-session+records",
+        Kind::HpkeSession,
+        false,
+        Sockets::PerDevice,
+        false,
+    ),
+    (
+        "pure:plain+records",
+        Kind::Plain,
+        false,
+        Sockets::PerDevice,
+        false,
     ),
 ];
 
@@ -162,6 +205,8 @@ pub struct Pure {
     kind: Kind,
     memo: bool,
     sockets: Sockets,
+    /// Whether devices send orders in bundles ([`SenderConfig::bundles`]).
+    bundles: bool,
     /// Allowed senders given to the server (`NAME=KEY`, or `@FILE` for a file of such lines); empty: the list in
     /// the identity directory.
     senders: Vec<String>,
@@ -172,7 +217,14 @@ pub fn variant(spec: &str) -> Option<Pure> {
     VARIANTS
         .iter()
         .find(|v| v.0 == spec)
-        .map(|&(_, kind, memo, sockets)| Pure::new(kind, memo).with_sockets(sockets))
+        .map(|&(_, kind, memo, sockets, bundles)| {
+            let pure = Pure::new(kind, memo).with_sockets(sockets);
+            if bundles {
+                pure
+            } else {
+                pure.with_records()
+            }
+        })
 }
 
 fn identity_err(e: impl std::fmt::Display) -> TransportError {
@@ -188,6 +240,7 @@ impl Pure {
             kind,
             memo: memo && kind == Kind::Link,
             sockets: Sockets::PerDevice,
+            bundles: kind.bundles(),
             senders: Vec::new(),
         }
         .with_sockets(Sockets::PerDevice)
@@ -196,9 +249,20 @@ impl Pure {
     /// The same variant with its devices' sockets as `sockets` says.
     pub fn with_sockets(mut self, sockets: Sockets) -> Pure {
         self.sockets = sockets;
+        self.name()
+    }
+
+    /// The same variant with every order a record of its own, sealed and answered alone (no bundles).
+    pub fn with_records(mut self) -> Pure {
+        self.bundles = false;
+        self.name()
+    }
+
+    fn name(mut self) -> Pure {
+        let key = (self.kind, self.memo, self.sockets, self.bundles);
         self.spec = VARIANTS
             .iter()
-            .find(|v| (v.1, v.2, v.3) == (self.kind, self.memo, sockets))
+            .find(|v| (v.1, v.2, v.3, v.4) == key)
             .expect("every combination is a variant")
             .0;
         self
@@ -224,6 +288,11 @@ impl Pure {
     /// How this variant's devices get their sockets.
     pub fn sockets(&self) -> Sockets {
         self.sockets
+    }
+
+    /// Whether this variant's devices send orders in bundles.
+    pub fn bundles(&self) -> bool {
+        self.bundles
     }
 
     /// The keys of devices `first..first + devices`.
@@ -376,7 +445,7 @@ impl Transport for Pure {
         &self,
         config: FleetConfig,
     ) -> BoxFuture<'static, Result<Box<dyn Fleet>, TransportError>> {
-        let (kind, sockets) = (self.kind, self.sockets);
+        let (kind, sockets, bundles) = (self.kind, self.sockets, self.bundles);
         Box::pin(async move {
             let receiver =
                 keys::read_key32(&config.identity.join(files::NODE_PUB)).map_err(identity_err)?;
@@ -387,7 +456,10 @@ impl Transport for Pure {
                 receiver,
                 config.first,
                 device_keys,
-                SenderConfig::new(kind),
+                SenderConfig {
+                    bundles,
+                    ..SenderConfig::new(kind)
+                },
                 sockets,
                 config.events,
                 config.counters,
@@ -411,7 +483,19 @@ mod tests {
             assert_eq!((made.spec(), found.spec()), (s.name, s.name));
             let shared = s.name.ends_with("+shared-sockets");
             assert_eq!(found.sockets() == Sockets::Shared, shared, "{}", s.name);
-            let base = variant(s.name.trim_end_matches("+shared-sockets")).unwrap();
+            let records = s.name.ends_with("+records");
+            assert_eq!(
+                found.bundles(),
+                !records && found.kind().bundles(),
+                "{}",
+                s.name
+            );
+            let base = variant(
+                s.name
+                    .trim_end_matches("+shared-sockets")
+                    .trim_end_matches("+records"),
+            )
+            .unwrap();
             assert_eq!((found.kind(), found.memo()), (base.kind(), base.memo()));
         }
         assert_eq!(Sockets::PerDevice.count(10_000), 10_000);

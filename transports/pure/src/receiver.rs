@@ -25,6 +25,7 @@ use crate::wire::{
 };
 use foldhash::{HashMap, HashMapExt};
 use rand::rngs::StdRng;
+use rand::Rng;
 use std::collections::VecDeque;
 use std::net::SocketAddr;
 use std::sync::Arc;
@@ -94,11 +95,76 @@ pub struct ReceiverConfig {
 }
 
 /// The answer to one record, to be sent once its order is stored.
-#[derive(Debug, Clone, Copy)]
+#[derive(Debug, Clone)]
 pub struct Reply {
     to: SocketAddr,
-    len: u8,
-    frame: [u8; wire::ANSWER_HEADER_LEN + TAG_LEN],
+    answer: Answering,
+}
+
+/// How a [`Reply`] goes out.
+#[derive(Debug, Clone)]
+enum Answering {
+    /// As an answer frame of its own, built and tagged already (the answer to a record).
+    Frame {
+        len: u8,
+        frame: [u8; wire::ANSWER_HEADER_LEN + TAG_LEN],
+    },
+    /// As a seq of an answer bundle to its wire, tagged with the others when the bundle is built (the answer to an
+    /// order of a bundle).
+    Entry {
+        wire: WireId,
+        key: Option<AnswerKey>,
+        seq: u64,
+    },
+}
+
+/// A device's wire, as its frames name it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+struct WireId {
+    kind: Kind,
+    key_id: wire::KeyId,
+    run: u64,
+}
+
+/// Where a frame that opened came from: its wire, and whether it was an order of a bundle (answered in an answer
+/// bundle) or a record of its own (answered by an answer frame).
+#[derive(Debug, Clone, Copy)]
+struct Origin {
+    wire: WireId,
+    bundled: bool,
+}
+
+/// What waits to be sent to one address.
+#[derive(Debug, Default)]
+struct Outgoing {
+    /// Answer frames, back to back.
+    frames: Vec<u8>,
+    /// Answers to bundles, one list per wire (a wire whose list is not among the last few, or was sent, starts a
+    /// new one: two answer bundles where one would do, never an answer lost), in the order they were first
+    /// answered.
+    bundles: Vec<Pending>,
+    /// Lists before this one are sent.
+    sent: usize,
+    /// The entry buffers of lists sent, for the next lists.
+    spare_entries: Vec<Vec<u8>>,
+}
+
+/// Spare [`Outgoing`]s a receiver keeps: as many addresses as one turn answers, about.
+const SPARE_OUTGOING: usize = 1024;
+
+/// How many of the newest lists an answer looks through for its wire's: one address is mostly one device, and the
+/// orders of one group come a datagram (so a wire) at a time.
+const LISTS_SEARCHED: usize = 8;
+
+/// The answers to one wire's bundles not sent yet.
+#[derive(Debug)]
+struct Pending {
+    wire: WireId,
+    key: Option<AnswerKey>,
+    /// Seqs, [`wire::ANSWER_ENTRY_LEN`] bytes each.
+    entries: Vec<u8>,
+    /// Bytes of `entries` sent.
+    taken: usize,
 }
 
 impl Reply {
@@ -149,6 +215,21 @@ struct Opened {
     wire: Option<WireKeys>,
 }
 
+/// A frame to take: a record's, or one order of a bundle.
+struct Taken {
+    op: Op,
+    number: u64,
+    /// An order's `made_us` when read already (a bundle's order): `plain` is then its payload alone.
+    made: Option<u64>,
+    plain: Vec<u8>,
+}
+
+/// The keys of the wire a frame opened on (none for plain).
+struct Keys {
+    answer: Option<AnswerKey>,
+    wire: Option<WireKeys>,
+}
+
 /// What one datagram may still spend on HPKE setups.
 struct SetupBudget {
     left: usize,
@@ -175,20 +256,27 @@ pub struct Receiver {
     relay: Relay,
     orders: Vec<Order>,
     replies: Vec<Reply>,
-    outgoing: HashMap<SocketAddr, Vec<u8>>,
+    outgoing: HashMap<SocketAddr, Outgoing>,
     outgoing_order: VecDeque<SocketAddr>,
+    /// What was sent to an address, emptied, for the next address: its buffers keep their room.
+    spare_outgoing: Vec<Outgoing>,
+    /// The number of the next answer bundle: one count for every wire, from a random start, so that no number is
+    /// used twice under one answer key (see `docs/pure.md`).
+    next_answer_bundle: u64,
 }
 
 impl Receiver {
     /// A receiver for one start (run).
     pub fn new(config: ReceiverConfig, counters: Arc<Counters>) -> Receiver {
         let capacity = config.session_capacity.max(2);
+        let mut rng = config.rng;
+        let next_answer_bundle = rng.next_u64();
         let relay = Relay::new(
             config.relay,
             config.kind,
             config.key.clone(),
             config.run,
-            config.rng,
+            rng,
             counters.clone(),
         );
         Receiver {
@@ -207,6 +295,8 @@ impl Receiver {
             replies: Vec::new(),
             outgoing: HashMap::new(),
             outgoing_order: VecDeque::new(),
+            spare_outgoing: Vec::new(),
+            next_answer_bundle,
         }
     }
 
@@ -249,7 +339,10 @@ impl Receiver {
         for frame in wire::frames(datagram) {
             let result = match frame {
                 Ok(Frame::Record(r)) if !r.op.to_device() && r.kind == self.kind => {
-                    Counters::inc(&self.counters.received);
+                    // A bundle counts each of its entries as it takes them.
+                    if r.op != Op::Bundle {
+                        Counters::inc(&self.counters.received);
+                    }
                     self.record(now, from, &r, &mut budget)
                 }
                 Ok(Frame::Answer(a)) if a.op == Op::Deliver1 && a.kind == self.kind => {
@@ -266,13 +359,17 @@ impl Receiver {
                 // A record that opened and was refused (over a bound) is still its sender's: the records packed
                 // after it keep their setups.
                 budget.refused |= !matches!(e, Refused::Invalid);
-                Counters::inc(match e {
-                    Refused::Malformed | Refused::Invalid => &self.counters.refused_malformed,
-                    Refused::Unknown => &self.counters.refused_unknown,
-                    Refused::Forged => &self.counters.refused_forged,
-                });
+                self.count(&e);
             }
         }
+    }
+
+    fn count(&self, e: &Refused) {
+        Counters::inc(match e {
+            Refused::Malformed | Refused::Invalid => &self.counters.refused_malformed,
+            Refused::Unknown => &self.counters.refused_unknown,
+            Refused::Forged => &self.counters.refused_forged,
+        });
     }
 
     /// A device's answer to a QoS 1 delivery.
@@ -302,21 +399,129 @@ impl Receiver {
             Kind::HpkePerRequest => self.open_per_request(index, &sender_public, r, budget)?,
             Kind::Link => self.open_link(index, &sender_public, r)?,
         };
-        if r.op != Op::Order {
-            return self.pubsub(now, from, index, &sender_public, r, opened);
+        let origin = Origin {
+            wire: WireId {
+                kind: r.kind,
+                key_id: r.key_id,
+                run: r.run,
+            },
+            bundled: r.op == Op::Bundle,
+        };
+        if r.op == Op::Bundle {
+            self.bundle(now, from, index, sender_id, &sender_public, origin, opened);
+            return Ok(());
         }
-        let mut payload = opened.plain;
-        let made = payload
-            .first_chunk::<MADE_LEN>()
-            .map(|m| u64::from_be_bytes(*m))
-            .ok_or(Refused::Invalid)?;
-        payload.drain(..MADE_LEN);
-        let reply = self.reply(from, r, opened.answer.as_ref(), false);
+        let frame = Taken {
+            op: r.op,
+            number: r.seq,
+            made: None,
+            plain: opened.plain,
+        };
+        let keys = Keys {
+            answer: opened.answer,
+            wire: opened.wire,
+        };
+        self.take(
+            now,
+            from,
+            index,
+            sender_id,
+            &sender_public,
+            origin,
+            frame,
+            &keys,
+        )
+    }
+
+    /// A bundle that opened: each of its orders is taken as an order record of its seq on the bundle's wire would be,
+    /// and counted as one received. A malformed entry ends the walk (counted); the orders before it stand.
+    #[allow(clippy::too_many_arguments)]
+    fn bundle(
+        &mut self,
+        now: Instant,
+        from: SocketAddr,
+        index: usize,
+        sender_id: u64,
+        sender_public: &[u8; 32],
+        origin: Origin,
+        opened: Opened,
+    ) {
+        let keys = Keys {
+            answer: opened.answer,
+            wire: opened.wire,
+        };
+        for entry in wire::entries(&opened.plain) {
+            let Ok(e) = entry else {
+                Counters::inc(&self.counters.refused_malformed);
+                return;
+            };
+            Counters::inc(&self.counters.received);
+            // The order's payload gets a buffer of its own, just as large; `made_us` is read in place.
+            let (made, payload) = e.plain.split_at(MADE_LEN);
+            let frame = Taken {
+                op: Op::Order,
+                number: e.seq,
+                made: Some(u64::from_be_bytes(made.try_into().expect("8 bytes"))),
+                plain: payload.to_vec(),
+            };
+            let taken = self.take(
+                now,
+                from,
+                index,
+                sender_id,
+                sender_public,
+                origin,
+                frame,
+                &keys,
+            );
+            if let Err(e) = taken {
+                self.count(&e);
+            }
+        }
+    }
+
+    /// A frame that opened (a record, or an entry of a bundle): an order to the store, a subscribe or publish to the
+    /// relay.
+    #[allow(clippy::too_many_arguments)]
+    fn take(
+        &mut self,
+        now: Instant,
+        from: SocketAddr,
+        index: usize,
+        sender_id: u64,
+        sender_public: &[u8; 32],
+        origin: Origin,
+        frame: Taken,
+        keys: &Keys,
+    ) -> Result<(), Refused> {
+        if frame.op != Op::Order {
+            return self.pubsub(now, from, index, sender_public, origin, frame, keys);
+        }
+        let mut payload = frame.plain;
+        let made = match frame.made {
+            Some(made) => made,
+            None => {
+                let made = payload
+                    .first_chunk::<MADE_LEN>()
+                    .map(|m| u64::from_be_bytes(*m))
+                    .ok_or(Refused::Invalid)?;
+                payload.drain(..MADE_LEN);
+                made
+            }
+        };
+        let reply = self.reply(
+            from,
+            origin,
+            frame.op,
+            frame.number,
+            keys.answer.as_ref(),
+            false,
+        );
         self.orders.push(Order {
             id: OrderId {
                 sender: sender_id,
-                run: r.run,
-                seq: r.seq,
+                run: origin.wire.run,
+                seq: frame.number,
             },
             made_us: made,
             payload,
@@ -325,31 +530,47 @@ impl Receiver {
         Ok(())
     }
 
-    /// The answer to record `r`, tagged with `key` (none: plain); a refusal if `refused` (subscribes only).
+    /// The answer to frame `number` of `op` from `origin`, tagged with `key` (none: plain); a refusal if `refused`
+    /// (subscribes only). A bundle's order is answered in an answer bundle, tagged when that is built.
     fn reply(
         &self,
         to: SocketAddr,
-        r: &Record<'_>,
+        origin: Origin,
+        op: Op,
+        number: u64,
         key: Option<&AnswerKey>,
         refused: bool,
     ) -> Reply {
+        if origin.bundled {
+            debug_assert!(op == Op::Order && !refused);
+            return Reply {
+                to,
+                answer: Answering::Entry {
+                    wire: origin.wire,
+                    key: key.cloned(),
+                    seq: number,
+                },
+            };
+        }
         let mut frame = [0u8; wire::ANSWER_HEADER_LEN + TAG_LEN];
         let mut buf = Vec::with_capacity(frame.len());
-        let (kind, id) = (r.kind, &r.key_id);
+        let WireId { kind, key_id, run } = origin.wire;
         let header = if refused {
-            wire::put_refusal_header(&mut buf, kind, id, r.run, r.seq, self.run)
+            wire::put_refusal_header(&mut buf, kind, &key_id, run, number, self.run)
         } else {
-            wire::put_answer_header(&mut buf, kind, r.op, id, r.run, r.seq, self.run)
+            wire::put_answer_header(&mut buf, kind, op, &key_id, run, number, self.run)
         };
         if let Some(key) = key {
-            let tag = key.tag(r.op, r.seq, &buf[header]);
+            let tag = key.tag(op, number, &buf[header]);
             buf.extend_from_slice(&tag);
         }
         frame[..buf.len()].copy_from_slice(&buf);
         Reply {
             to,
-            len: buf.len() as u8,
-            frame,
+            answer: Answering::Frame {
+                len: buf.len() as u8,
+                frame,
+            },
         }
     }
 
@@ -358,16 +579,19 @@ impl Receiver {
     /// numbers seen before on the wire are answered again and change nothing. A subscribe for this run over the
     /// channel bound is answered with a refusal, so that the device stops sending it; a copy seen before is answered
     /// as the relay would answer it now (refused while the device holds as many other channels).
+    #[allow(clippy::too_many_arguments)]
     fn pubsub(
         &mut self,
         now: Instant,
         from: SocketAddr,
         index: usize,
         sender_public: &[u8; 32],
-        r: &Record<'_>,
-        opened: Opened,
+        origin: Origin,
+        frame: Taken,
+        keys: &Keys,
     ) -> Result<(), Refused> {
-        let p = &opened.plain;
+        let (op, number, run) = (frame.op, frame.number, origin.wire.run);
+        let p = &frame.plain;
         let (Some(receiver_run), Some(channel)) = (
             p.first_chunk::<8>().map(|b| u64::from_be_bytes(*b)),
             p.get(8..12)
@@ -379,9 +603,9 @@ impl Receiver {
         let mut over_bound = false;
         let seen = self
             .seen
-            .get_or_insert_with((index, r.run, r.op), ReplayWindow::default)
-            .check(r.seq);
-        match r.op {
+            .get_or_insert_with((index, run, op), ReplayWindow::default)
+            .check(number);
+        match op {
             Op::Subscribe => {
                 let qos = match p.get(12..) {
                     Some([0]) => QoS::AtMostOnce,
@@ -391,7 +615,7 @@ impl Receiver {
                 if current && seen == Seen::New {
                     let (kind, run) = (self.kind, self.run);
                     let counters = &self.counters;
-                    let sealing = || match (kind, &opened.wire) {
+                    let sealing = || match (kind, &keys.wire) {
                         (Kind::HpkePerRequest, _) => Sealing::PerDelivery(*sender_public),
                         (_, Some(wire)) => {
                             Counters::inc(&counters.key_derivations);
@@ -401,7 +625,16 @@ impl Receiver {
                     };
                     over_bound = self
                         .relay
-                        .subscribe(now, index, r.key_id, r.run, sealing, from, channel, qos)
+                        .subscribe(
+                            now,
+                            index,
+                            origin.wire.key_id,
+                            origin.wire.run,
+                            sealing,
+                            from,
+                            channel,
+                            qos,
+                        )
                         .is_err();
                 }
             }
@@ -410,7 +643,7 @@ impl Receiver {
                     .get(12..20)
                     .map(|b| u64::from_be_bytes(b.try_into().expect("8 bytes")))
                     .ok_or(Refused::Invalid)?;
-                let qos = if r.op == Op::Publish1 {
+                let qos = if op == Op::Publish1 {
                     QoS::AtLeastOnce
                 } else {
                     QoS::AtMostOnce
@@ -423,16 +656,16 @@ impl Receiver {
                     return Ok(());
                 }
             }
-            Op::Order | Op::Deliver1 | Op::Deliver0 => return Err(Refused::Invalid),
+            Op::Order | Op::Deliver1 | Op::Deliver0 | Op::Bundle => return Err(Refused::Invalid),
         }
-        if seen == Seen::New && (current || r.op == Op::Publish0) {
-            if let Some(w) = self.seen.get_mut(&(index, r.run, r.op)) {
-                w.mark(r.seq);
+        if seen == Seen::New && (current || op == Op::Publish0) {
+            if let Some(w) = self.seen.get_mut(&(index, run, op)) {
+                w.mark(number);
             }
         }
-        if r.op.answered() {
-            let refused = r.op == Op::Subscribe && current && self.relay.refuses(index, channel);
-            let reply = self.reply(from, r, opened.answer.as_ref(), refused);
+        if op.answered() {
+            let refused = op == Op::Subscribe && current && self.relay.refuses(index, channel);
+            let reply = self.reply(from, origin, op, number, keys.answer.as_ref(), refused);
             self.answer(&reply);
         }
         if over_bound {
@@ -584,6 +817,13 @@ impl Receiver {
         })
     }
 
+    /// Move the orders opened since the last call, and their replies (same order, same length), to the end of
+    /// `orders` and `replies`; the receiver keeps its buffers' room for the next datagrams.
+    pub fn move_deliveries(&mut self, orders: &mut Vec<Order>, replies: &mut Vec<Reply>) {
+        orders.append(&mut self.orders);
+        replies.append(&mut self.replies);
+    }
+
     /// The orders opened since the last call, and their replies (same order, same length).
     pub fn take_deliveries(&mut self) -> (Vec<Order>, Vec<Reply>) {
         (
@@ -594,30 +834,100 @@ impl Receiver {
 
     /// Queue the answer "stored" for a delivery whose order the store has committed (or had already applied).
     pub fn answer(&mut self, reply: &Reply) {
-        let buf = self.outgoing.entry(reply.to).or_insert_with(|| {
+        let out = self.outgoing.entry(reply.to).or_insert_with(|| {
             self.outgoing_order.push_back(reply.to);
-            Vec::new()
+            self.spare_outgoing.pop().unwrap_or_default()
         });
-        buf.extend_from_slice(&reply.frame[..reply.len as usize]);
+        match &reply.answer {
+            Answering::Frame { len, frame } => {
+                out.frames.extend_from_slice(&frame[..*len as usize])
+            }
+            Answering::Entry { wire, key, seq } => {
+                let unsent = &out.bundles[out.sent..];
+                let found = unsent
+                    .iter()
+                    .rev()
+                    .take(LISTS_SEARCHED)
+                    .position(|p| p.wire == *wire)
+                    .map(|back| out.bundles.len() - 1 - back);
+                let list = match found {
+                    Some(i) => i,
+                    None => {
+                        let mut entries = out.spare_entries.pop().unwrap_or_default();
+                        entries.clear();
+                        out.bundles.push(Pending {
+                            wire: *wire,
+                            key: key.clone(),
+                            entries,
+                            taken: 0,
+                        });
+                        out.bundles.len() - 1
+                    }
+                };
+                out.bundles[list]
+                    .entries
+                    .extend_from_slice(&seq.to_be_bytes());
+            }
+        }
     }
 
-    /// The next datagram to send: fills `buf` and returns its destination. Answers go first, then deliveries.
+    /// The next datagram to send: fills `buf` and returns its destination. Answers go first (answer frames, then
+    /// answer bundles, as many as fit), then deliveries.
     pub fn poll_transmit(&mut self, now: Instant, buf: &mut Vec<u8>) -> Option<SocketAddr> {
         buf.clear();
         let Some(&to) = self.outgoing_order.front() else {
             return self.relay.poll_transmit(now, buf);
         };
-        let pending = self
+        let out = self
             .outgoing
             .get_mut(&to)
-            .expect("queued destinations have bytes");
+            .expect("queued destinations have answers");
         let frame_len = self.kind.answer_len();
-        let take = pending.len().min(MAX_DATAGRAM / frame_len * frame_len);
-        buf.extend_from_slice(&pending[..take]);
-        pending.drain(..take);
-        if pending.is_empty() {
-            self.outgoing.remove(&to);
+        let take = out.frames.len().min(MAX_DATAGRAM / frame_len * frame_len);
+        buf.extend_from_slice(&out.frames[..take]);
+        out.frames.drain(..take);
+        if out.frames.is_empty() {
+            while let Some(list) = out.bundles.get_mut(out.sent) {
+                let room = MAX_DATAGRAM - buf.len();
+                let left = (list.entries.len() - list.taken) / wire::ANSWER_ENTRY_LEN;
+                let fit = room.saturating_sub(wire::answer_bundle_len(list.wire.kind, 0))
+                    / wire::ANSWER_ENTRY_LEN;
+                let count = left.min(fit);
+                if count == 0 {
+                    break;
+                }
+                let number = self.next_answer_bundle;
+                self.next_answer_bundle = number.wrapping_add(1);
+                let WireId { kind, key_id, run } = list.wire;
+                let start = wire::put_answer_bundle_header(
+                    buf, kind, &key_id, run, number, self.run, count,
+                );
+                let end = list.taken + count * wire::ANSWER_ENTRY_LEN;
+                buf.extend_from_slice(&list.entries[list.taken..end]);
+                list.taken = end;
+                if let Some(key) = &list.key {
+                    let tag = key.tag(Op::Bundle, number, &buf[start..]);
+                    buf.extend_from_slice(&tag);
+                }
+                if list.taken == list.entries.len() {
+                    out.sent += 1;
+                }
+            }
+        }
+        if out.frames.is_empty() && out.sent == out.bundles.len() {
+            let mut done = self.outgoing.remove(&to).expect("looked up above");
             self.outgoing_order.pop_front();
+            if self.spare_outgoing.len() < SPARE_OUTGOING {
+                let Outgoing {
+                    bundles,
+                    spare_entries,
+                    sent,
+                    ..
+                } = &mut done;
+                spare_entries.extend(bundles.drain(..).map(|p| p.entries).take(LISTS_SEARCHED));
+                *sent = 0;
+                self.spare_outgoing.push(done);
+            }
         }
         Some(to)
     }

@@ -42,15 +42,20 @@ pub struct SenderConfig {
     pub flow: FlowConfig,
     /// How often each subscription is sent again.
     pub refresh: Duration,
+    /// Orders go in bundles, one seal for the orders of a datagram and one answer bundle back (where the kind
+    /// bundles: [`Kind::bundles`]); false: every order a record of its own.
+    pub bundles: bool,
 }
 
 impl SenderConfig {
-    /// The suite's defaults: [`FlowConfig::default`], subscriptions refreshed every 5 s.
+    /// The suite's defaults: [`FlowConfig::default`], subscriptions refreshed every 5 s, orders in bundles where the
+    /// kind allows.
     pub fn new(kind: Kind) -> SenderConfig {
         SenderConfig {
             kind,
             flow: FlowConfig::default(),
             refresh: Duration::from_secs(5),
+            bundles: kind.bundles(),
         }
     }
 }
@@ -115,10 +120,14 @@ impl Item {
     }
 }
 
-/// A frame in flight: its item, its sealed bytes and the receiver run they were sealed for.
+/// A frame in flight: its item, the receiver run it was last sent for, and (records of their own) its sealed
+/// bytes.
 struct Out {
     item: Item,
-    sealed: Option<(u64, Vec<u8>)>,
+    /// The receiver run the frame was last sealed for (none: not sent yet).
+    sent_for: Option<u64>,
+    /// A record of its own keeps its sealed bytes for a re-send; a bundle's entry is sealed again in each bundle.
+    sealed: Option<Vec<u8>>,
     /// Per-request records keep the answer secret of their own setup.
     own_keys: Option<WireKeys>,
 }
@@ -167,6 +176,11 @@ pub struct Sender {
     /// The buffers of answered frames, reused for the next frames sealed (at most [`SPARE_FRAMES`]): a record in
     /// flight keeps its sealed bytes for a re-send, and taking them from here saves an allocation per record.
     spare: Vec<Vec<u8>>,
+    /// The number of the next bundle: one count for all of this device's sessions, from a random start, so that no
+    /// number is sealed twice under one key (see `docs/pure.md`).
+    next_bundle: u64,
+    /// The plaintext of the bundle being built, kept between datagrams.
+    entries: Vec<u8>,
 }
 
 /// Answered frames' buffers a sender keeps for reuse: a window's worth of the default flow.
@@ -185,6 +199,8 @@ impl Sender {
         check_public(&receiver)?;
         let key_id = key.key_id();
         let flow = Flow::new(config.flow);
+        let mut rng = rng;
+        let next_bundle = rng.next_u64();
         Ok(Sender {
             config,
             key,
@@ -208,6 +224,8 @@ impl Sender {
             answers: Vec::new(),
             events: VecDeque::new(),
             spare: Vec::new(),
+            next_bundle,
+            entries: Vec::new(),
         })
     }
 
@@ -230,6 +248,13 @@ impl Sender {
     /// Frames handed over and not yet answered (or, QoS 0 publishes, not yet sent).
     pub fn pending(&self) -> usize {
         self.outbox.len() + self.flight.len() + self.publish0.len()
+    }
+
+    /// Whether order `id` has gone out (in a record or a bundle) and waits for its answer.
+    pub fn sent(&self, id: &OrderId) -> bool {
+        self.flight
+            .get(&(Op::Order, id.seq))
+            .is_some_and(|out| out.sent_for.is_some() && self.run_of(&out.item) == id.run)
     }
 
     /// Hand over an order. All orders of one device share one sender run (`id.run`); a new run starts a new session.
@@ -328,6 +353,7 @@ impl Sender {
             let item = self.outbox.pop_front().expect("looked at above");
             let out = Out {
                 item,
+                sent_for: None,
                 sealed: None,
                 own_keys: None,
             };
@@ -340,6 +366,7 @@ impl Sender {
         for frame in wire::frames(datagram) {
             match frame {
                 Ok(Frame::Answer(a)) if a.op != Op::Deliver1 => self.answer(now, &a),
+                Ok(Frame::AnswerBundle(b)) => self.answer_bundle(now, &b),
                 Ok(Frame::Record(r)) if r.op.to_device() => self.delivery(&r),
                 _ => {
                     Counters::inc(&self.counters.refused_malformed);
@@ -359,64 +386,109 @@ impl Sender {
         let Some(out) = self.flight.get(&key) else {
             return;
         };
-        if self.run_of(&out.item) != a.run {
+        if self.run_of(&out.item) != a.run || out.sent_for.is_none() {
             return;
         }
-        let Some(sealed_for) = out.sealed.as_ref().map(|(run, _)| *run) else {
-            return;
-        };
         if self.config.kind.sealed() {
             let verified = match &out.own_keys {
                 Some(own) => own
                     .answer_key(a.receiver_run)
                     .verify(a.op, a.seq, a.header, a.tag),
-                None => {
-                    let Some(s) = self.sessions.iter_mut().find(|s| s.run == a.run) else {
-                        return;
-                    };
-                    match &s.answer {
-                        // The answer key of this receiver run, kept from the last answer: nothing derived.
-                        Some(k) if k.run() == a.receiver_run => {
-                            k.verify(a.op, a.seq, a.header, a.tag)
-                        }
-                        _ => {
-                            let k = s.keys.answer_key(a.receiver_run);
-                            let ok = k.verify(a.op, a.seq, a.header, a.tag);
-                            if ok {
-                                s.answer = Some(k);
-                            }
-                            ok
-                        }
-                    }
-                }
+                None => self.verify(a.run, a.receiver_run, a.op, a.seq, a.header, a.tag),
             };
             if !verified {
                 Counters::inc(&self.counters.refused_forged);
                 return;
             }
         }
-        let left = self.left_runs.contains(&a.receiver_run);
-        if a.op != Op::Order && (left || sealed_for != a.receiver_run) {
+        self.answered(now, a.op, a.seq, a.run, a.receiver_run, a.refused);
+    }
+
+    /// An answer bundle: one tag for all its orders, each then taken as an answer frame of its own would be.
+    fn answer_bundle(&mut self, now: Instant, b: &wire::AnswerBundle<'_>) {
+        if b.kind != self.config.kind || !b.kind.bundles() || b.key_id != self.key_id {
+            Counters::inc(&self.counters.refused_malformed);
+            return;
+        }
+        if self.config.kind.sealed()
+            && !self.verify(b.run, b.receiver_run, Op::Bundle, b.number, b.header, b.tag)
+        {
+            Counters::inc(&self.counters.refused_forged);
+            return;
+        }
+        for seq in b.seqs() {
+            self.answered(now, Op::Order, seq, b.run, b.receiver_run, false);
+        }
+    }
+
+    /// Whether `tag` is the answer key's tag of (`op`, `number`) over `header`, with the answer key of receiver run
+    /// `receiver_run` on the wire of sender run `run` (derived once per receiver run, then kept).
+    fn verify(
+        &mut self,
+        run: u64,
+        receiver_run: u64,
+        op: Op,
+        number: u64,
+        header: &[u8],
+        tag: &[u8],
+    ) -> bool {
+        let Some(s) = self.sessions.iter_mut().find(|s| s.run == run) else {
+            return false;
+        };
+        match &s.answer {
+            // The answer key of this receiver run, kept from the last answer: nothing derived.
+            Some(k) if k.run() == receiver_run => k.verify(op, number, header, tag),
+            _ => {
+                let k = s.keys.answer_key(receiver_run);
+                let ok = k.verify(op, number, header, tag);
+                if ok {
+                    s.answer = Some(k);
+                }
+                ok
+            }
+        }
+    }
+
+    /// A verified answer to the frame (`op`, `number`) of sender run `run`: taken if that frame is in flight and was
+    /// sent.
+    fn answered(
+        &mut self,
+        now: Instant,
+        op: Op,
+        number: u64,
+        run: u64,
+        receiver_run: u64,
+        refused: bool,
+    ) {
+        let key = (op, number);
+        let Some(out) = self.flight.get(&key) else {
+            return;
+        };
+        let Some(sealed_for) = out.sent_for.filter(|_| self.run_of(&out.item) == run) else {
+            return;
+        };
+        let left = self.left_runs.contains(&receiver_run);
+        if op != Op::Order && (left || sealed_for != receiver_run) {
             // Not taken: the receiver takes subscribes and publishes sealed for its current run only. A run the
             // device has left says nothing; a new one is learned, and everything sealed for another is sent again.
             if !left {
-                self.learn_run(a.receiver_run);
+                self.learn_run(receiver_run);
             }
             return;
         }
         let (out, rtt) = self.flight.remove(now, &key).expect("looked up above");
         self.flow.answered(rtt);
         if !left {
-            self.learn_run(a.receiver_run);
+            self.learn_run(receiver_run);
         }
-        if let Some((_, frame)) = out.sealed {
+        if let Some(frame) = out.sealed {
             if self.spare.len() < SPARE_FRAMES {
                 self.spare.push(frame);
             }
         }
         self.events.push_back(match out.item {
             Item::Order(o) => SenderEvent::Stored(o.id),
-            Item::Subscribe { channel, .. } if a.refused => {
+            Item::Subscribe { channel, .. } if refused => {
                 // Not refreshed any more: a refresh would only be refused again.
                 if !self.subscribing(channel) {
                     self.subscriptions.retain(|(c, _)| *c != channel);
@@ -444,9 +516,9 @@ impl Sender {
         self.delivered = Default::default();
         // Subscribes and publishes sealed for another run are not taken by this one: they go out again as new
         // frames, with new numbers (a number is never sealed twice with different contents under one key).
-        let stale = self.flight.drain_where(|(op, _), out| {
-            *op != Op::Order && matches!(out.sealed, Some((r, _)) if r != run)
-        });
+        let stale = self
+            .flight
+            .drain_where(|(op, _), out| *op != Op::Order && out.sent_for.is_some_and(|r| r != run));
         for out in stale.into_iter().rev() {
             self.outbox.push_front(out.item);
         }
@@ -587,32 +659,71 @@ impl Sender {
             let take = self.answers.len().min(MAX_DATAGRAM / frame_len * frame_len);
             buf.extend(self.answers.drain(..take));
         }
+        // Where the kind bundles orders, the orders of one sender run go in one bundle at the end of the datagram,
+        // sealed once; every other frame is a record of its own.
+        let bundles = self.config.bundles && self.config.kind.bundles();
+        let mut entries = std::mem::take(&mut self.entries);
+        entries.clear();
+        let mut bundle_run = None;
+        // The bundle's length in the datagram so far (0 while it has no order).
+        let kind = self.config.kind;
+        let bundled = move |entries: &Vec<u8>| {
+            if entries.is_empty() {
+                0
+            } else {
+                wire::bundle_len(kind, entries.len())
+            }
+        };
         while let Some((key, slot)) = self.flight.next_ready_slot() {
-            let out = self.flight.item_at(slot);
-            let fresh = match &out.sealed {
-                // Link keys depend on the receiver run: an order re-sent after a restart is sealed for the new one.
-                Some((run, _)) => {
-                    self.config.kind == Kind::Link
-                        && key.0 == Op::Order
-                        && *run != self.receiver_run
+            if bundles && key.0 == Op::Order {
+                let out = self.flight.item_at(slot);
+                let Item::Order(o) = &out.item else {
+                    unreachable!("op 0 is an order")
+                };
+                if bundle_run.is_some_and(|r| r != o.id.run) {
+                    break;
                 }
-                None => true,
+                let grown = if entries.is_empty() {
+                    wire::bundle_len(kind, wire::entry_len(o.payload.len()))
+                } else {
+                    bundled(&entries) + wire::entry_len(o.payload.len())
+                };
+                // An order too large for a bundle of its own still goes alone (and the receiver refuses it).
+                if buf.len() + grown > MAX_DATAGRAM && !(buf.is_empty() && entries.is_empty()) {
+                    break;
+                }
+                wire::put_entry(&mut entries, o.id.seq, o.made_us, &o.payload);
+                bundle_run = Some(o.id.run);
+                let receiver_run = self.receiver_run;
+                self.flight.item_at_mut(slot).sent_for = Some(receiver_run);
+                self.flight.sent_slot(now, key, slot);
+                continue;
+            }
+            let out = self.flight.item_at(slot);
+            let fresh = match (&out.sealed, out.sent_for) {
+                // Link keys depend on the receiver run: an order re-sent after a restart is sealed for the new one.
+                (Some(_), Some(run)) => {
+                    self.config.kind == Kind::Link && key.0 == Op::Order && run != self.receiver_run
+                }
+                _ => true,
             };
             if fresh {
                 self.seal(key, slot);
             }
             let out = self.flight.item_at(slot);
-            let frame = &out.sealed.as_ref().expect("sealed above").1;
-            if !buf.is_empty() && buf.len() + frame.len() > MAX_DATAGRAM {
-                return true;
+            let frame = out.sealed.as_ref().expect("sealed above");
+            let used = buf.len() + bundled(&entries);
+            if used > 0 && used + frame.len() > MAX_DATAGRAM {
+                break;
             }
             buf.extend_from_slice(frame);
             self.flight.sent_slot(now, key, slot);
         }
         while let Some((_, _, payload)) = self.publish0.front() {
             let len = wire::record_len(self.config.kind, Op::Publish0, payload.len());
-            if !buf.is_empty() && buf.len() + len > MAX_DATAGRAM {
-                return true;
+            let used = buf.len() + bundled(&entries);
+            if used > 0 && used + len > MAX_DATAGRAM {
+                break;
             }
             let (channel, id, payload) = self.publish0.pop_front().expect("looked at above");
             let run = self.pubsub_run();
@@ -631,6 +742,21 @@ impl Sender {
             put_record(buf, &head, sealer(&keys), &fields, &payload);
             self.events.push_back(SenderEvent::Accepted(id));
         }
+        if let Some(run) = bundle_run {
+            let number = self.next_bundle;
+            self.next_bundle = number.wrapping_add(1);
+            let (variant, keys) = self.keys_for(run);
+            let head = Head {
+                kind: self.config.kind,
+                op: Op::Bundle,
+                key_id: &self.key_id,
+                run,
+                number,
+                variant: variant.as_slice(),
+            };
+            put_record(buf, &head, sealer(&keys), &[], &entries);
+        }
+        self.entries = entries;
         !buf.is_empty()
     }
 
@@ -640,26 +766,7 @@ impl Sender {
         let (variant, keys) = self.keys_for(run);
         let out = self.flight.item_at(slot);
         let mut buf = [0u8; 20];
-        let (fields, payload): (&[u8], &[u8]) = match &out.item {
-            Item::Order(o) => {
-                buf[..8].copy_from_slice(&o.made_us.to_be_bytes());
-                (&buf[..8], &o.payload)
-            }
-            Item::Subscribe { channel, qos } => {
-                buf[..8].copy_from_slice(&self.receiver_run.to_be_bytes());
-                buf[8..12].copy_from_slice(&channel.to_be_bytes());
-                buf[12] = qos.level();
-                (&buf[..13], &[])
-            }
-            Item::Publish {
-                channel,
-                id,
-                payload,
-            } => {
-                buf = publish_fields(self.receiver_run, *channel, *id);
-                (&buf[..], payload)
-            }
-        };
+        let (fields, payload) = item_fields(&out.item, self.receiver_run, &mut buf);
         let head = Head {
             kind: self.config.kind,
             op,
@@ -674,7 +781,8 @@ impl Sender {
         put_record(&mut frame, &head, sealer(&keys), fields, payload);
         let rrun = self.receiver_run;
         let out = self.flight.item_at_mut(slot);
-        out.sealed = Some((rrun, frame));
+        out.sealed = Some(frame);
+        out.sent_for = Some(rrun);
         if self.config.kind == Kind::HpkePerRequest {
             // The answer to this record is tagged with a key of its own setup.
             out.own_keys = keys;
@@ -772,7 +880,34 @@ impl Sender {
     }
 }
 
-/// The fixed fields of a publish.
+/// The plaintext of a frame in flight: its op's fixed fields (written into `buf`) and its payload.
+fn item_fields<'a>(
+    item: &'a Item,
+    receiver_run: u64,
+    buf: &'a mut [u8; 20],
+) -> (&'a [u8], &'a [u8]) {
+    match item {
+        Item::Order(o) => {
+            buf[..8].copy_from_slice(&o.made_us.to_be_bytes());
+            (&buf[..8], &o.payload)
+        }
+        Item::Subscribe { channel, qos } => {
+            buf[..8].copy_from_slice(&receiver_run.to_be_bytes());
+            buf[8..12].copy_from_slice(&channel.to_be_bytes());
+            buf[12] = qos.level();
+            (&buf[..13], &[])
+        }
+        Item::Publish {
+            channel,
+            id,
+            payload,
+        } => {
+            *buf = publish_fields(receiver_run, *channel, *id);
+            (&buf[..], payload)
+        }
+    }
+}
+
 /// A record's variant header, kept on the stack: at most an encapsulated key (HPKE), a receiver run (link), or
 /// nothing (plain). Every record sealed needs one, so it is not allocated.
 struct Variant {
@@ -795,6 +930,7 @@ impl Variant {
     }
 }
 
+/// The fixed fields of a publish.
 fn publish_fields(receiver_run: u64, channel: u32, id: u64) -> [u8; 20] {
     let mut f = [0u8; 20];
     f[..8].copy_from_slice(&receiver_run.to_be_bytes());

@@ -69,9 +69,7 @@ pub async fn run(
             r = socket.readable(), if room => {
                 r?;
                 read(&socket, &mut receiver, &mut buf)?;
-                let (o, r) = receiver.take_deliveries();
-                orders.extend(o);
-                replies.extend(r);
+                receiver.move_deliveries(&mut orders, &mut replies);
             }
             done = async { (&mut committing.as_mut().expect("guarded").0).await }, if committing.is_some() => {
                 // Applied or already applied: either way the order is durable, so the answer is "stored".

@@ -48,6 +48,23 @@
 //!
 //! The tag is an AEAD tag over the answer's header with an empty plaintext (see `docs/pure.md` for its key), so the
 //! refused bit is authenticated like every other header byte.
+//!
+//! **Bundle** (op 6, device → receiver; every kind but hpke-per-request): a record of orders. Its number is the
+//! bundle's own and its plaintext is the orders' entries, each taken as an order record of that seq on the bundle's
+//! wire would be. One seal covers them all, as a QUIC packet covers its frames:
+//!
+//! ```text
+//! entry = seq u64 | len u16 | made_us u64 | payload      (len: of made_us and payload)
+//! ```
+//!
+//! **Answer bundle** (receiver → device, kind byte `0x80 | 6 << 4 | variant`): "stored" for several of a device's
+//! orders in one frame with one tag, numbered in the receiver's own count:
+//!
+//! ```text
+//! version u8 = 1 | kind u8 | key id [8] | run u64 | number u64 | receiver run u64 | count u16 | seq u64 × count | tag [16]
+//! ```
+//!
+//! Its tag is an AEAD tag with an empty plaintext over every byte before it.
 
 use std::fmt;
 use transport_core::QoS;
@@ -68,6 +85,13 @@ pub const ANSWER_HEADER_LEN: usize = COMMON_LEN + 8;
 pub const MAX_DATAGRAM: usize = 1200;
 /// The plaintext prefix of an order: the time the order was made.
 pub const MADE_LEN: usize = 8;
+/// Bytes of a bundle entry before its plaintext: seq, length.
+pub const ENTRY_HEADER_LEN: usize = 8 + 2;
+/// Bytes of an answer bundle before its seqs: the answer header and the count.
+pub const ANSWER_BUNDLE_HEADER_LEN: usize = ANSWER_HEADER_LEN + 2;
+/// Bytes of one seq of an answer bundle.
+pub const ANSWER_ENTRY_LEN: usize = 8;
+
 /// The bit of an answer's kind byte that says the record was refused: only on answers to subscribes (the relay keeps
 /// no more channels for that device). The variant is the three bits below it.
 pub const REFUSED: u8 = 0x08;
@@ -110,6 +134,8 @@ pub enum Op {
     Deliver1 = 4,
     /// A relayed message, at most once.
     Deliver0 = 5,
+    /// Orders under one seal (see the module doc).
+    Bundle = 6,
 }
 
 impl Op {
@@ -121,11 +147,12 @@ impl Op {
             3 => Op::Publish0,
             4 => Op::Deliver1,
             5 => Op::Deliver0,
+            6 => Op::Bundle,
             _ => return None,
         })
     }
 
-    /// Whether frames of this op are answered.
+    /// Whether frames of this op are answered (a bundle's orders are, in an answer bundle).
     pub fn answered(self) -> bool {
         matches!(
             self,
@@ -161,6 +188,8 @@ impl Op {
             Op::Subscribe => 8 + 4 + 1,
             Op::Publish1 | Op::Publish0 => 8 + 4 + 8,
             Op::Deliver1 | Op::Deliver0 => 4 + 8,
+            // At least one order.
+            Op::Bundle => ENTRY_HEADER_LEN + MADE_LEN,
         }
     }
 }
@@ -200,6 +229,20 @@ impl Kind {
     /// Whether frames of this kind carry a tag.
     pub fn sealed(self) -> bool {
         self != Kind::Plain
+    }
+
+    /// Whether a device of this kind sends its orders in bundles (and is answered in answer bundles): every kind
+    /// but hpke-per-request, whose measure is one setup per record.
+    pub fn bundles(self) -> bool {
+        self != Kind::HpkePerRequest
+    }
+
+    fn tag_len(self) -> usize {
+        if self.sealed() {
+            TAG_LEN
+        } else {
+            0
+        }
     }
 
     /// The shortest body a record of `op` can have: its fixed fields, and the tag if sealed.
@@ -312,13 +355,55 @@ pub struct Answer<'a> {
     pub tag: &'a [u8],
 }
 
+/// An answer bundle, borrowed from the datagram.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct AnswerBundle<'a> {
+    /// The kind of the orders answered.
+    pub kind: Kind,
+    /// The device whose wire it is on.
+    pub key_id: KeyId,
+    /// The sender run of the orders answered.
+    pub run: u64,
+    /// The bundle's number, in the receiver's count.
+    pub number: u64,
+    /// The receiver's run.
+    pub receiver_run: u64,
+    /// The seqs, [`ANSWER_ENTRY_LEN`] bytes each.
+    seqs: &'a [u8],
+    /// Every byte before the tag, authenticated by it.
+    pub header: &'a [u8],
+    /// The tag (empty for `Plain`).
+    pub tag: &'a [u8],
+}
+
+impl AnswerBundle<'_> {
+    /// The seqs of the orders stored, in order.
+    pub fn seqs(&self) -> impl Iterator<Item = u64> + '_ {
+        self.seqs
+            .chunks_exact(ANSWER_ENTRY_LEN)
+            .map(|e| be_u64(e, 0))
+    }
+
+    /// How many orders it answers.
+    pub fn len(&self) -> usize {
+        self.seqs.len() / ANSWER_ENTRY_LEN
+    }
+
+    /// Whether it answers none (never true of a parsed one).
+    pub fn is_empty(&self) -> bool {
+        self.seqs.is_empty()
+    }
+}
+
 /// A frame read from a datagram.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Frame<'a> {
-    /// A record.
+    /// A record (a bundle too: op [`Op::Bundle`]).
     Record(Record<'a>),
     /// An answer.
     Answer(Answer<'a>),
+    /// An answer bundle.
+    AnswerBundle(AnswerBundle<'a>),
 }
 
 impl Frame<'_> {
@@ -327,8 +412,115 @@ impl Frame<'_> {
         match self {
             Frame::Record(r) => r.key_id,
             Frame::Answer(a) => a.key_id,
+            Frame::AnswerBundle(b) => b.key_id,
         }
     }
+}
+
+/// One order of a bundle's plaintext, borrowed from it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Entry<'a> {
+    /// The order's seq.
+    pub seq: u64,
+    /// Its plaintext: `made_us` and the payload.
+    pub plain: &'a [u8],
+}
+
+/// Walks the orders of a bundle's plaintext; stops at the first malformed one (a plaintext shorter than `made_us`,
+/// or one that runs past the end).
+pub fn entries(plain: &[u8]) -> Entries<'_> {
+    Entries { rest: plain }
+}
+
+/// The iterator of [`entries`].
+pub struct Entries<'a> {
+    rest: &'a [u8],
+}
+
+impl<'a> Iterator for Entries<'a> {
+    type Item = Result<Entry<'a>, WireError>;
+
+    fn next(&mut self) -> Option<Self::Item> {
+        if self.rest.is_empty() {
+            return None;
+        }
+        let r = parse_entry(self.rest);
+        match r {
+            Ok((entry, used)) => {
+                self.rest = &self.rest[used..];
+                Some(Ok(entry))
+            }
+            Err(e) => {
+                self.rest = &[];
+                Some(Err(e))
+            }
+        }
+    }
+}
+
+fn parse_entry(buf: &[u8]) -> Result<(Entry<'_>, usize), WireError> {
+    if buf.len() < ENTRY_HEADER_LEN {
+        return Err(WireError::Truncated);
+    }
+    let len = u16::from_be_bytes([buf[8], buf[9]]) as usize;
+    if len < MADE_LEN {
+        return Err(WireError::ShortBody);
+    }
+    let end = ENTRY_HEADER_LEN + len;
+    if buf.len() < end {
+        return Err(WireError::Truncated);
+    }
+    let entry = Entry {
+        seq: be_u64(buf, 0),
+        plain: &buf[ENTRY_HEADER_LEN..end],
+    };
+    Ok((entry, end))
+}
+
+/// Append the entry of order `seq` made at `made_us` with `payload` to a bundle's plaintext.
+pub fn put_entry(out: &mut Vec<u8>, seq: u64, made_us: u64, payload: &[u8]) {
+    let len = MADE_LEN + payload.len();
+    debug_assert!(len <= u16::MAX as usize);
+    out.extend_from_slice(&seq.to_be_bytes());
+    out.extend_from_slice(&(len as u16).to_be_bytes());
+    out.extend_from_slice(&made_us.to_be_bytes());
+    out.extend_from_slice(payload);
+}
+
+/// The length of the bundle entry of an order with `payload_len` bytes of payload.
+pub fn entry_len(payload_len: usize) -> usize {
+    ENTRY_HEADER_LEN + MADE_LEN + payload_len
+}
+
+/// Append the header of an answer bundle of `count` seqs; the caller appends the seqs (8 bytes each, big-endian) and
+/// then the tag (sealed kinds). Returns where the header starts.
+#[allow(clippy::too_many_arguments)]
+pub fn put_answer_bundle_header(
+    out: &mut Vec<u8>,
+    kind: Kind,
+    key_id: &KeyId,
+    run: u64,
+    number: u64,
+    receiver_run: u64,
+    count: usize,
+) -> usize {
+    debug_assert!((1..=u16::MAX as usize).contains(&count));
+    let start = out.len();
+    put_answer(
+        out,
+        kind_byte(kind, Op::Bundle, true),
+        key_id,
+        run,
+        number,
+        receiver_run,
+    );
+    out.extend_from_slice(&(count as u16).to_be_bytes());
+    start
+}
+
+/// The length of an answer bundle of `count` seqs.
+pub fn answer_bundle_len(kind: Kind, count: usize) -> usize {
+    ANSWER_BUNDLE_HEADER_LEN + count * ANSWER_ENTRY_LEN + kind.tag_len()
 }
 
 /// The big-endian u64 at `at` of a buffer whose length the caller has checked.
@@ -386,9 +578,15 @@ pub fn parse_frame(buf: &[u8]) -> Result<(Frame<'_>, usize), WireError> {
     if refused && !(answer && op == Op::Subscribe) {
         return Err(WireError::Kind(kind_byte));
     }
+    if op == Op::Bundle && !kind.bundles() {
+        return Err(WireError::Kind(kind_byte));
+    }
     let key_id: KeyId = buf[2..10].try_into().expect("8 bytes");
     let run = be_u64(buf, 10);
     let seq = be_u64(buf, 18);
+    if answer && op == Op::Bundle {
+        return parse_answer_bundle(buf, kind, key_id, run, seq);
+    }
     if answer {
         if !op.answered() {
             return Err(WireError::Kind(kind_byte));
@@ -434,6 +632,38 @@ pub fn parse_frame(buf: &[u8]) -> Result<(Frame<'_>, usize), WireError> {
         body: &buf[header_len..end],
     };
     Ok((Frame::Record(record), end))
+}
+
+fn parse_answer_bundle(
+    buf: &[u8],
+    kind: Kind,
+    key_id: KeyId,
+    run: u64,
+    number: u64,
+) -> Result<(Frame<'_>, usize), WireError> {
+    if buf.len() < ANSWER_BUNDLE_HEADER_LEN {
+        return Err(WireError::Truncated);
+    }
+    let count = u16::from_be_bytes([buf[ANSWER_HEADER_LEN], buf[ANSWER_HEADER_LEN + 1]]) as usize;
+    if count == 0 {
+        return Err(WireError::ShortBody);
+    }
+    let entries_end = ANSWER_BUNDLE_HEADER_LEN + count * ANSWER_ENTRY_LEN;
+    let len = entries_end + kind.tag_len();
+    if buf.len() < len {
+        return Err(WireError::Truncated);
+    }
+    let bundle = AnswerBundle {
+        kind,
+        key_id,
+        run,
+        number,
+        receiver_run: be_u64(buf, COMMON_LEN),
+        seqs: &buf[ANSWER_BUNDLE_HEADER_LEN..entries_end],
+        header: &buf[..entries_end],
+        tag: &buf[entries_end..len],
+    };
+    Ok((Frame::AnswerBundle(bundle), len))
 }
 
 /// Append a record header to `out`; the caller appends `body_len` bytes of body after it.
@@ -559,6 +789,11 @@ pub fn max_payload(kind: Kind, op: Op) -> usize {
     MAX_DATAGRAM - record_len(kind, op, 0)
 }
 
+/// The length of a bundle whose entries take `entries_len` bytes.
+pub fn bundle_len(kind: Kind, entries_len: usize) -> usize {
+    kind.record_header_len(Op::Bundle) + entries_len + kind.tag_len()
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -669,7 +904,8 @@ mod tests {
             dg[1] = kind_byte(Kind::Link, op, true);
             assert_eq!(parse_frame(&dg).unwrap_err(), WireError::Kind(dg[1]));
         }
-        for byte in [0x64, 0x74, 0xe4, 0xf4, 0x05, 0x10, 0x8f] {
+        // Op 7, no variant 0 or 5, and the bundles of hpke-per-request.
+        for byte in [0x74, 0xf4, 0x05, 0x10, 0x8f, 0x63, 0xe3] {
             let mut dg = vec![0u8; 200];
             dg[0] = VERSION;
             dg[1] = byte;
@@ -752,12 +988,119 @@ mod tests {
     }
 
     #[test]
+    fn a_bundle_carries_its_orders_and_an_answer_bundle_their_seqs() {
+        for kind in [Kind::Plain, Kind::HpkeSession, Kind::Link] {
+            let mut plain = Vec::new();
+            for seq in 5..8u64 {
+                put_entry(&mut plain, seq, 100 + seq, &vec![seq as u8; seq as usize]);
+            }
+            assert_eq!(
+                plain.len(),
+                (5..8).map(|n| entry_len(n as usize)).sum::<usize>()
+            );
+            let mut dg = Vec::new();
+            let variant = vec![3u8; kind.variant_len(Op::Bundle)];
+            let body = plain.len() + kind.tag_len();
+            put_record_header(&mut dg, kind, Op::Bundle, &[9; 8], 7, 42, &variant, body);
+            dg.extend_from_slice(&plain);
+            dg.resize(dg.len() + kind.tag_len(), 0);
+            assert_eq!(dg.len(), bundle_len(kind, plain.len()));
+            let start = dg.len();
+            put_answer_bundle_header(&mut dg, kind, &[9; 8], 7, 1 << 40, 11, 3);
+            for seq in 5..8u64 {
+                dg.extend_from_slice(&seq.to_be_bytes());
+            }
+            dg.resize(dg.len() + kind.tag_len(), 0);
+            assert_eq!(dg.len() - start, answer_bundle_len(kind, 3));
+            let got: Vec<_> = frames(&dg).collect::<Result<_, _>>().unwrap();
+            let Frame::Record(r) = got[0] else {
+                panic!("{kind:?}: a bundle")
+            };
+            assert_eq!((r.op, r.seq, r.run), (Op::Bundle, 42, 7));
+            let orders: Vec<_> = entries(&r.body[..plain.len()])
+                .collect::<Result<_, _>>()
+                .unwrap();
+            assert_eq!(orders.len(), 3);
+            assert_eq!((orders[2].seq, orders[2].plain.len()), (7, MADE_LEN + 7));
+            assert_eq!(&orders[0].plain[..MADE_LEN], &105u64.to_be_bytes());
+            let Frame::AnswerBundle(b) = got[1] else {
+                panic!("{kind:?}: an answer bundle")
+            };
+            assert_eq!((b.number, b.receiver_run, b.len()), (1 << 40, 11, 3));
+            assert_eq!(b.seqs().collect::<Vec<_>>(), [5, 6, 7]);
+            assert_eq!(
+                b.header,
+                &dg[start..start + answer_bundle_len(Kind::Plain, 3)]
+            );
+            assert_eq!(b.tag.len(), kind.tag_len());
+        }
+    }
+
+    #[test]
+    fn malformed_bundles_and_answer_bundles_are_errors() {
+        // hpke-per-request never bundles: its bundle and answer bundle are unknown kinds.
+        for answer in [false, true] {
+            let mut dg = vec![0u8; 200];
+            dg[0] = VERSION;
+            dg[1] = kind_byte(Kind::HpkePerRequest, Op::Bundle, answer);
+            assert_eq!(parse_frame(&dg).unwrap_err(), WireError::Kind(dg[1]));
+        }
+        // An answer bundle of no seq, and one whose count runs past the datagram.
+        let mut dg = Vec::new();
+        put_answer_bundle_header(&mut dg, Kind::Link, &[1; 8], 2, 3, 4, 1);
+        dg[ANSWER_HEADER_LEN..ANSWER_BUNDLE_HEADER_LEN].copy_from_slice(&0u16.to_be_bytes());
+        dg.resize(dg.len() + 8 + TAG_LEN, 0);
+        assert_eq!(parse_frame(&dg).unwrap_err(), WireError::ShortBody);
+        dg[ANSWER_HEADER_LEN..ANSWER_BUNDLE_HEADER_LEN].copy_from_slice(&2u16.to_be_bytes());
+        assert_eq!(parse_frame(&dg).unwrap_err(), WireError::Truncated);
+        // A bundle whose body cannot hold one order and its tag.
+        let mut dg = Vec::new();
+        let short = Kind::Link.min_body_len(Op::Bundle) - 1;
+        put_record_header(
+            &mut dg,
+            Kind::Link,
+            Op::Bundle,
+            &[1; 8],
+            2,
+            3,
+            &[0; 8],
+            short,
+        );
+        dg.resize(dg.len() + short, 0);
+        assert_eq!(parse_frame(&dg).unwrap_err(), WireError::ShortBody);
+        // Orders cut anywhere, or claiming less than made_us: the walk ends at an error, after the whole ones.
+        let mut plain = Vec::new();
+        put_entry(&mut plain, 1, 2, &[3; 4]);
+        put_entry(&mut plain, 2, 3, &[4; 4]);
+        let one = entry_len(4);
+        for cut in 1..plain.len() {
+            let walked: Vec<_> = entries(&plain[..cut]).collect();
+            let whole = cut / one;
+            assert_eq!(
+                walked.len(),
+                whole + usize::from(cut % one != 0),
+                "cut at {cut}"
+            );
+            assert!(walked[..whole].iter().all(Result::is_ok));
+            if cut % one != 0 {
+                assert!(walked[whole].is_err(), "cut at {cut}");
+            }
+        }
+        let mut claims_less = plain.clone();
+        claims_less[8..10].copy_from_slice(&7u16.to_be_bytes());
+        assert_eq!(
+            entries(&claims_less).next(),
+            Some(Err(WireError::ShortBody))
+        );
+    }
+
+    #[test]
     fn random_bytes_never_panic() {
         let mut x: u64 = 0x9e37_79b9_7f4a_7c15;
         let kinds: Vec<u8> = KINDS
             .iter()
             .flat_map(|&k| {
-                OPS.iter().flat_map(move |&o| {
+                OPS.iter().chain(&[Op::Bundle]).flat_map(move |&o| {
                     [
                         kind_byte(k, o, false),
                         kind_byte(k, o, true),
@@ -781,8 +1124,13 @@ mod tests {
                 b[1] = kinds[len % kinds.len()];
             }
             for f in frames(&b) {
-                let _ = f;
+                if let Ok(Frame::Record(r)) = f {
+                    if r.op == Op::Bundle {
+                        entries(r.body).for_each(drop);
+                    }
+                }
             }
+            entries(&buf).for_each(drop);
         }
     }
 }

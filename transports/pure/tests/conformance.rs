@@ -8,13 +8,16 @@ fn harness(spec: &str, devices: u32) -> Harness {
     Harness::new(Box::new(transport_pure::variant(spec).unwrap()), devices)
 }
 
-/// Each device on its own socket, and (the named comparison) devices sharing sockets.
-const VARIANTS: [&str; 5] = [
+/// Each device on its own socket, and (the named comparisons) devices sharing sockets, and orders as records of
+/// their own instead of bundles.
+const VARIANTS: [&str; 7] = [
     "pure",
     "pure:no-memo",
     "pure:hpke-session",
     "pure:plain",
     "pure:plain+shared-sockets",
+    "pure+records",
+    "pure:plain+records",
 ];
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -27,7 +30,7 @@ async fn every_variant_stores_every_order_once() {
         // device at most (the link secret, or the HPKE session's setup), none for plain.
         let n = u64::from(DEVICES);
         match spec {
-            "pure:plain" | "pure:plain+shared-sockets" => {
+            "pure:plain" | "pure:plain+shared-sockets" | "pure:plain+records" => {
                 assert_eq!(server.asym_ops(), 0, "{spec}: {server:?}")
             }
             _ => assert!(server.x25519 <= 2 * n, "{spec}: {server:?}"),

@@ -163,7 +163,7 @@ fn a_forger_copying_a_devices_enc_cannot_take_its_session_or_shut_it_out() {
 
 /// A device's datagram for one order with `payload_len` bytes, and the device (to feed answers to).
 fn record_of(kind: Kind, keys: &Keys, payload_len: usize, seq: u64) -> (Sender, Vec<u8>) {
-    let mut device = keys.sender(kind, 0, 7, &Arc::new(Counters::default()));
+    let mut device = keys.records_sender(kind, 0, 7, &Arc::new(Counters::default()));
     let d = sealed_by(&mut device, order(0, 9, seq, payload_len));
     (device, d)
 }
@@ -680,4 +680,228 @@ fn the_keys_a_receiver_keeps_are_bounded_and_an_evicted_wire_only_costs_recomput
             "{kind:?}: the link secret is kept per sender"
         );
     }
+}
+
+/// Seal a bundle by hand: the given entries under whatever key id, run and number the sealer chooses.
+fn seal_bundle(
+    keys: &WireKeys,
+    key_id: &KeyId,
+    run: u64,
+    number: u64,
+    variant: &[u8],
+    entries: &[u8],
+) -> Vec<u8> {
+    let mut out = Vec::new();
+    let head = wire::Head {
+        kind: Kind::Link,
+        op: Op::Bundle,
+        key_id,
+        run,
+        number,
+        variant,
+    };
+    put_record(&mut out, &head, Some(keys), &[], entries);
+    out
+}
+
+/// A bundle is one seal (docs/pure.md, "Bundles"): cut anywhere it is malformed, changed anywhere (sealed kinds)
+/// it does not open, and either way none of its orders is taken; whole, all are, once each by id however often it
+/// comes, and they are answered in answer bundles no larger than the bundle. At the device, an answer bundle cut or
+/// changed anywhere reports nothing stored.
+#[test]
+fn a_bundle_is_taken_whole_or_not_at_all_and_so_is_its_answer() {
+    for kind in [Kind::Plain, Kind::HpkeSession, Kind::Link] {
+        let mut rng = StdRng::seed_from_u64(31);
+        let keys = Keys::new(2, &mut rng);
+        let counters = Arc::new(Counters::default());
+        let mut r = keys.receiver(kind, 1, 16, &counters);
+        let device_counters = Arc::new(Counters::default());
+        let mut device = keys.sender(kind, 0, 8, &device_counters);
+        let now = Instant::now();
+        for seq in 0..5 {
+            device.push(now, order(0, 9, seq, 20));
+        }
+        let mut d = Vec::new();
+        assert!(device.poll_transmit(now, &mut d));
+        let (frame, used) = wire::parse_frame(&d).unwrap();
+        assert!(
+            matches!(frame, wire::Frame::Record(b) if b.op == Op::Bundle),
+            "{kind:?}"
+        );
+        assert_eq!(used, d.len(), "{kind:?}: one bundle carries the five");
+        for len in 0..d.len() {
+            let before = counters.snapshot();
+            r.handle(now, from(), &d[..len]);
+            let c = counters.snapshot().since(&before);
+            assert_eq!(
+                (c.refused_malformed, c.refused()),
+                (1, 1),
+                "{kind:?} cut at {len}"
+            );
+            assert!(r.take_deliveries().0.is_empty(), "{kind:?} cut at {len}");
+        }
+        if kind.sealed() {
+            for at in 0..d.len() {
+                let mut x = d.clone();
+                x[at] ^= 0x41;
+                let before = counters.snapshot();
+                r.handle(now, from(), &x);
+                let c = counters.snapshot().since(&before);
+                // One refusal, or two where a changed length leaves bytes after the frame.
+                assert!(
+                    (1..=2).contains(&c.refused()),
+                    "{kind:?}: byte {at} changed: {c:?}"
+                );
+                assert!(
+                    r.take_deliveries().0.is_empty(),
+                    "{kind:?}: byte {at} changed"
+                );
+            }
+        }
+        // Whole, twice: five orders each time (the store applies an id once), each answered.
+        for _ in 0..2 {
+            r.handle(now, from(), &d);
+        }
+        let (orders, replies) = r.take_deliveries();
+        let seqs: Vec<u64> = orders.iter().map(|o| o.id.seq).collect();
+        assert_eq!(seqs, [0, 1, 2, 3, 4, 0, 1, 2, 3, 4], "{kind:?}");
+        assert!(orders.iter().all(|o| o.payload == vec![o.id.seq as u8; 20]));
+        for reply in &replies[..5] {
+            r.answer(reply);
+        }
+        let mut answer = Vec::new();
+        assert_eq!(r.poll_transmit(now, &mut answer), Some(from()));
+        assert!(
+            r.poll_transmit(now, &mut Vec::new()).is_none(),
+            "one datagram"
+        );
+        assert!(answer.len() < d.len(), "{kind:?}: no amplification");
+        let Ok((wire::Frame::AnswerBundle(b), used)) = wire::parse_frame(&answer) else {
+            panic!("{kind:?}: an answer bundle")
+        };
+        assert_eq!(
+            (used, b.seqs().collect::<Vec<_>>()),
+            (answer.len(), vec![0, 1, 2, 3, 4])
+        );
+        // At the device: cut, changed, then whole.
+        for len in 0..answer.len() {
+            device.handle(now, &answer[..len]);
+            assert_eq!(device.poll_event(), None, "{kind:?}: answer cut at {len}");
+        }
+        if kind.sealed() {
+            for at in 0..answer.len() {
+                let mut x = answer.clone();
+                x[at] ^= 0x41;
+                device.handle(now, &x);
+                assert_eq!(
+                    device.poll_event(),
+                    None,
+                    "{kind:?}: answer byte {at} changed"
+                );
+            }
+        }
+        device.handle(now, &answer);
+        let stored: Vec<_> = std::iter::from_fn(|| device.poll_event()).collect();
+        assert_eq!(stored.len(), 5, "{kind:?}: {stored:?}");
+        assert_eq!(device.pending(), 0);
+        // The same answer again reports nothing more.
+        device.handle(now, &answer);
+        assert_eq!(device.poll_event(), None);
+    }
+}
+
+/// A bundle that opened but holds a malformed order (only a holder of the wire's keys can make one): the orders
+/// before it are taken, the malformed one is counted, and nothing after it is read.
+#[test]
+fn a_malformed_order_inside_a_sealed_bundle_ends_the_walk() {
+    let mut rng = StdRng::seed_from_u64(32);
+    let keys = Keys::new(1, &mut rng);
+    let counters = Arc::new(Counters::default());
+    let mut r = keys.receiver(Kind::Link, 1, 16, &counters);
+    let device = &keys.devices[0];
+    let secret = link_secret(
+        device,
+        keys.node.public(),
+        device.public(),
+        keys.node.public(),
+    )
+    .unwrap();
+    let wire_keys = WireKeys::link(&secret, 9, 0);
+    let mut entries = Vec::new();
+    wire::put_entry(&mut entries, 0, 1, b"first");
+    wire::put_entry(&mut entries, 1, 2, b"second");
+    let bad = entries.len();
+    wire::put_entry(&mut entries, 2, 3, b"third");
+    // The third claims fewer bytes than its made_us.
+    entries[bad + 8..bad + 10].copy_from_slice(&(MADE_LEN as u16 - 1).to_be_bytes());
+    wire::put_entry(&mut entries, 3, 4, b"fourth");
+    let d = seal_bundle(
+        &wire_keys,
+        &device.key_id(),
+        9,
+        77,
+        &0u64.to_be_bytes(),
+        &entries,
+    );
+    r.handle(Instant::now(), from(), &d);
+    let (orders, replies) = r.take_deliveries();
+    assert_eq!(orders.iter().map(|o| o.id.seq).collect::<Vec<_>>(), [0, 1]);
+    assert_eq!(orders[1].payload, b"second");
+    assert_eq!(replies.len(), 2);
+    let c = counters.snapshot();
+    assert_eq!(
+        (c.received, c.refused_malformed, c.refused()),
+        (2, 1, 1),
+        "{c:?}"
+    );
+    // The same bundle under another number does not open: the number is sealed with it.
+    let mut renumbered = d.clone();
+    renumbered[18..26].copy_from_slice(&78u64.to_be_bytes());
+    r.handle(Instant::now(), from(), &renumbered);
+    assert!(r.take_deliveries().0.is_empty());
+    assert_eq!(counters.snapshot().refused_forged, 1);
+}
+
+/// Answer bundles take one count for every wire of the receiver: no number twice under any answer key.
+#[test]
+fn answer_bundles_are_numbered_in_one_count_across_wires() {
+    let mut rng = StdRng::seed_from_u64(33);
+    let keys = Keys::new(3, &mut rng);
+    let counters = Arc::new(Counters::default());
+    let mut r = keys.receiver(Kind::Link, 1, 16, &counters);
+    let addr = |i: usize| -> SocketAddr { format!("10.0.3.{}:4000", i + 1).parse().unwrap() };
+    let now = Instant::now();
+    let mut numbers = Vec::new();
+    for round in 0..3u64 {
+        for i in 0..3 {
+            let mut device =
+                keys.sender(Kind::Link, i, 40 + i as u64, &Arc::new(Counters::default()));
+            // More orders than one answer bundle holds: two answer datagrams per device.
+            for seq in 0..200 {
+                device.push(now, order(i as u64, 100 * round + i as u64, seq, 0));
+            }
+            let mut buf = Vec::new();
+            while device.poll_transmit(now, &mut buf) {
+                r.handle(now, addr(i), &buf);
+            }
+        }
+        let (_, replies) = r.take_deliveries();
+        for reply in &replies {
+            r.answer(reply);
+        }
+        let mut buf = Vec::new();
+        while r.poll_transmit(now, &mut buf).is_some() {
+            for f in wire::frames(&buf) {
+                if let Ok(wire::Frame::AnswerBundle(b)) = f {
+                    numbers.push(b.number);
+                }
+            }
+        }
+    }
+    assert!(numbers.len() >= 9, "{} answer bundles", numbers.len());
+    let first = numbers[0];
+    let expected: Vec<u64> = (0..numbers.len() as u64)
+        .map(|i| first.wrapping_add(i))
+        .collect();
+    assert_eq!(numbers, expected);
 }

@@ -47,6 +47,7 @@ fn ops(bytes: &[u8]) -> Vec<(Op, bool)> {
         .map(|f| match f.unwrap() {
             Frame::Record(r) => (r.op, false),
             Frame::Answer(a) => (a.op, true),
+            Frame::AnswerBundle(_) => (Op::Order, true),
         })
         .collect()
 }
@@ -392,9 +393,15 @@ fn records_after_a_subscribe_over_the_bound_in_one_datagram_are_taken() {
         net.devices[0].push(net.now, order.clone());
         let mut dg = Vec::new();
         assert!(net.devices[0].poll_transmit(net.now, &mut dg));
+        // The order goes in a bundle where the kind bundles orders.
+        let order_op = if kind.bundles() {
+            Op::Bundle
+        } else {
+            Op::Order
+        };
         assert_eq!(
             ops(&dg),
-            [(Op::Subscribe, false), (Op::Order, false)],
+            [(Op::Subscribe, false), (order_op, false)],
             "{kind:?}"
         );
         net.receiver.handle(net.now, Net::addr(0), &dg);

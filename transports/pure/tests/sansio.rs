@@ -13,7 +13,7 @@ use transport_pure::crypto::NodeKey;
 use transport_pure::receiver::Receiver;
 use transport_pure::relay::RelayConfig;
 use transport_pure::sender::{Sender, SenderConfig, SenderEvent};
-use transport_pure::wire::{self, Frame, Kind};
+use transport_pure::wire::{self, Frame, Kind, Op};
 
 mod common;
 use common::Keys;
@@ -77,6 +77,18 @@ impl Pair {
             sent: Vec::new(),
             answered: Vec::new(),
         }
+    }
+
+    /// The same, every device sending each order as a record of its own (no bundles).
+    fn with_records(mut self) -> Pair {
+        let counters = &self.sender_counters;
+        self.senders = (0..self.senders.len())
+            .map(|i| {
+                self.keys
+                    .records_sender(self.kind, i, self.rng.random(), counters)
+            })
+            .collect();
+        self
     }
 
     /// The receiver restarts: a new run, no keys remembered.
@@ -214,6 +226,19 @@ impl Pair {
     }
 }
 
+/// The orders a datagram carries: one per order record, and each order of a plain bundle (a sealed bundle's are
+/// not readable here).
+fn orders_in(bytes: &[u8]) -> usize {
+    records(bytes)
+        .iter()
+        .map(|r| match (r.op, r.kind) {
+            (Op::Bundle, Kind::Plain) => wire::entries(r.body).count(),
+            (Op::Order, _) => 1,
+            _ => 0,
+        })
+        .sum()
+}
+
 fn records(bytes: &[u8]) -> Vec<wire::Record<'_>> {
     wire::frames(bytes)
         .filter_map(|f| match f {
@@ -256,7 +281,7 @@ fn every_variant_delivers_everything_once_under_loss() {
 
 #[test]
 fn a_wires_records_share_one_session_numbered_from_zero() {
-    let mut p = Pair::new(Kind::HpkeSession, 1, 0.0, 1);
+    let mut p = Pair::new(Kind::HpkeSession, 1, 0.0, 1).with_records();
     for seq in 0..40 {
         p.push(0, 9, seq);
     }
@@ -278,6 +303,58 @@ fn a_wires_records_share_one_session_numbered_from_zero() {
     // One session opened: two X25519 on the receiver, three on the sender, for 40 records.
     assert_eq!(p.receiver_counters.snapshot().x25519, 2);
     assert_eq!(p.sender_counters.snapshot().x25519, 3);
+}
+
+/// Bundles: one session for the wire too, and each bundle sealed under the next number of the device's own count
+/// (never one number twice under the session's key), however many orders each carries.
+#[test]
+fn a_wires_bundles_share_one_session_and_take_consecutive_numbers() {
+    let mut p = Pair::new(Kind::HpkeSession, 1, 0.0, 1);
+    for seq in 0..2_000 {
+        p.push(0, 9, seq);
+    }
+    p.drive(Duration::from_secs(10));
+    assert_eq!(p.applied.len(), 2_000);
+    let bundles: Vec<_> = p
+        .sent
+        .iter()
+        .flat_map(|(_, b)| {
+            records(b)
+                .into_iter()
+                .map(|r| (r.op, *r.enc().unwrap(), r.seq))
+                .collect::<Vec<_>>()
+        })
+        .collect();
+    assert!(bundles.iter().all(|(op, ..)| *op == Op::Bundle));
+    assert!(
+        bundles.len() < 2_000 / 8,
+        "{} bundles: several orders each",
+        bundles.len()
+    );
+    let encs: HashSet<_> = bundles.iter().map(|(_, e, _)| *e).collect();
+    assert_eq!(encs.len(), 1, "one session for the wire");
+    let numbers: Vec<u64> = bundles.iter().map(|(.., n)| *n).collect();
+    let first = numbers[0];
+    let expected: Vec<u64> = (0..numbers.len() as u64)
+        .map(|i| first.wrapping_add(i))
+        .collect();
+    assert_eq!(numbers, expected, "consecutive, never repeated");
+    assert_eq!(p.receiver_counters.snapshot().x25519, 2);
+    assert_eq!(p.sender_counters.snapshot().x25519, 3);
+    // Answered in answer bundles: far fewer answer frames than orders.
+    let answers: usize = p
+        .answered
+        .iter()
+        .map(|(_, b)| {
+            wire::frames(b)
+                .filter(|f| matches!(f, Ok(Frame::AnswerBundle(_))))
+                .count()
+        })
+        .sum();
+    assert!(
+        answers > 0 && answers < 2_000 / 8,
+        "{answers} answer bundles"
+    );
 }
 
 /// Seal one record of `kind` from sender 0 and return its datagram.
@@ -491,7 +568,7 @@ fn window_limits_records_in_flight_and_the_backlog_follows_answers() {
     }
     let start = p.now;
     p.step();
-    let in_flight: usize = p.network.iter().map(|(_, _, _, b)| records(b).len()).sum();
+    let in_flight: usize = p.network.iter().map(|(_, _, _, b)| orders_in(b)).sum();
     assert_eq!(in_flight, SenderConfig::new(Kind::Plain).flow.window);
     p.drive(Duration::from_secs(30));
     assert_eq!(p.applied.len(), 1000);

@@ -12,7 +12,7 @@ use std::time::{Duration, Instant};
 use tokio::net::UdpSocket;
 use transport_core::{Counters, FleetConfig, Order, OrderId, Transport};
 use transport_pure::client::MAX_SHARED_SOCKETS;
-use transport_pure::wire::{self, KeyId, Kind};
+use transport_pure::wire::{self, Frame, KeyId, Kind};
 
 mod common;
 use common::Keys;
@@ -137,7 +137,13 @@ fn answers(
     }
     let mut sent = Vec::new();
     while let Some(to) = receiver.poll_transmit(now, &mut buf) {
-        let ids = wire::frames(&buf).map(|f| f.unwrap().key_id()).collect();
+        // The key id of every answer: an answer bundle's for each order it answers.
+        let ids = wire::frames(&buf)
+            .flat_map(|f| match f.unwrap() {
+                Frame::AnswerBundle(b) => vec![b.key_id; b.len()],
+                f => vec![f.key_id()],
+            })
+            .collect();
         sent.push((to, ids));
     }
     (keys, sent)

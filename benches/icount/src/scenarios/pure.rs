@@ -16,7 +16,7 @@ use std::time::{Duration, Instant};
 use transport_core::order::fill_payload;
 use transport_core::{device_name, sender_id, Counters, Order, OrderId};
 use transport_pure::crypto::{NodeKey, Sealer, WireKeys};
-use transport_pure::receiver::{InMemorySecrets, Receiver, ReceiverConfig};
+use transport_pure::receiver::{InMemorySecrets, Receiver, ReceiverConfig, Reply};
 use transport_pure::relay::RelayConfig;
 use transport_pure::sender::{Sender, SenderConfig, SenderEvent};
 use transport_pure::senders::{AllowList, AllowedSender};
@@ -74,6 +74,8 @@ struct Link {
     now: Instant,
     datagram: Vec<u8>,
     answer: Vec<u8>,
+    orders: Vec<Order>,
+    replies: Vec<Reply>,
 }
 
 impl Link {
@@ -113,6 +115,8 @@ impl Link {
             now: whole_second(Instant::now()),
             datagram: Vec::with_capacity(wire::MAX_DATAGRAM),
             answer: Vec::with_capacity(wire::MAX_DATAGRAM),
+            orders: Vec::new(),
+            replies: Vec::new(),
         })
     }
 
@@ -122,16 +126,20 @@ impl Link {
         self.sender.poll_transmit(self.now, &mut self.datagram)
     }
 
-    /// Receiver: take the datagram, answer what opened (as if the store had committed it), build the answer.
+    /// Receiver: take the datagram, answer what opened (as if the store had committed it), build the answer. The
+    /// orders and replies are moved into buffers kept across steps, as the server's loop keeps them.
     fn receive(&mut self) -> Vec<Order> {
         self.receiver.handle(self.now, self.device, &self.datagram);
-        let (orders, replies) = self.receiver.take_deliveries();
-        for reply in &replies {
+        self.orders.clear();
+        self.replies.clear();
+        self.receiver
+            .move_deliveries(&mut self.orders, &mut self.replies);
+        for reply in &self.replies {
             self.receiver.answer(reply);
         }
         self.answer.clear();
         self.receiver.poll_transmit(self.now, &mut self.answer);
-        orders
+        std::mem::take(&mut self.orders)
     }
 
     /// Sender: take the answer.
@@ -159,6 +167,65 @@ impl Link {
         );
         Ok(())
     }
+}
+
+/// Orders per datagram in the `*/10-per-datagram` scenarios: about what a device of the drain packs.
+pub const PER_DATAGRAM: u64 = 10;
+
+impl Link {
+    /// [`PER_DATAGRAM`] orders end to end in one datagram each way, counting the sender's or the receiver's part.
+    fn exchange_many(
+        &mut self,
+        step: u64,
+        s: &mut Section,
+        count_sender: bool,
+    ) -> anyhow::Result<()> {
+        let orders: Vec<Order> = (0..PER_DATAGRAM)
+            .map(|i| order(step * PER_DATAGRAM + i))
+            .collect();
+        let ids: Vec<OrderId> = orders.iter().map(|o| o.id).collect();
+        let sent = s.measure_if(count_sender, || {
+            for o in orders {
+                self.sender.push(self.now, o);
+            }
+            self.sender.poll_transmit(self.now, &mut self.datagram)
+        });
+        ensure!(sent, "the sender built no datagram");
+        ensure!(
+            !self.sender.poll_transmit(self.now, &mut Vec::new()),
+            "the orders did not fit one datagram"
+        );
+        let delivered = s.measure_if(!count_sender, || self.receive());
+        ensure!(
+            delivered.iter().map(|o| o.id).collect::<Vec<_>>() == ids,
+            "the receiver did not deliver the orders"
+        );
+        let events = s.measure_if(count_sender, || {
+            self.sender.handle(self.now, &self.answer);
+            std::iter::from_fn(|| self.sender.poll_event()).collect::<Vec<_>>()
+        });
+        ensure!(
+            events
+                == ids
+                    .iter()
+                    .map(|id| SenderEvent::Stored(*id))
+                    .collect::<Vec<_>>(),
+            "the sender did not take the answers: {events:?}"
+        );
+        Ok(())
+    }
+}
+
+/// `pure/sender/*/10-per-datagram`: per step, ten orders.
+pub fn sender_many(m: &Meter, kind: Kind) -> anyhow::Result<()> {
+    let mut link = Link::new(kind)?;
+    m.run(|i, s| link.exchange_many(i, s, true))
+}
+
+/// `pure/receiver/*/10-per-datagram`: per step, ten orders.
+pub fn receiver_many(m: &Meter, kind: Kind) -> anyhow::Result<()> {
+    let mut link = Link::new(kind)?;
+    m.run(|i, s| link.exchange_many(i, s, false))
 }
 
 /// `pure/sender/*`.

@@ -70,8 +70,34 @@ impl Keys {
 
     /// Device `i`'s sender, with its own seeded RNG.
     pub fn sender(&self, kind: Kind, i: usize, seed: u64, counters: &Arc<Counters>) -> Sender {
+        self.sender_with(SenderConfig::new(kind), i, seed, counters)
+    }
+
+    /// Device `i`'s sender sending every order as a record of its own (no bundles).
+    pub fn records_sender(
+        &self,
+        kind: Kind,
+        i: usize,
+        seed: u64,
+        counters: &Arc<Counters>,
+    ) -> Sender {
+        let config = SenderConfig {
+            bundles: false,
+            ..SenderConfig::new(kind)
+        };
+        self.sender_with(config, i, seed, counters)
+    }
+
+    /// Device `i`'s sender configured as `config`.
+    pub fn sender_with(
+        &self,
+        config: SenderConfig,
+        i: usize,
+        seed: u64,
+        counters: &Arc<Counters>,
+    ) -> Sender {
         Sender::new(
-            SenderConfig::new(kind),
+            config,
             self.devices[i].clone(),
             *self.node.public(),
             StdRng::seed_from_u64(seed),
@@ -232,10 +258,12 @@ impl Net {
     }
 }
 
-/// The op of a datagram's first frame.
+/// The op of a datagram's first frame (a bundle and an answer bundle carry orders).
 pub fn first_op(bytes: &[u8]) -> Option<Op> {
     match wire::parse_frame(bytes).ok()?.0 {
+        Frame::Record(r) if r.op == Op::Bundle => Some(Op::Order),
         Frame::Record(r) => Some(r.op),
         Frame::Answer(a) => Some(a.op),
+        Frame::AnswerBundle(_) => Some(Op::Order),
     }
 }
