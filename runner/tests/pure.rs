@@ -43,7 +43,7 @@ fn order(device: u32, run: u64, seq: u64) -> Order {
 }
 
 async fn wait_stored(
-    events: &mut tokio::sync::mpsc::UnboundedReceiver<LinkEvent>,
+    events: &mut transport_core::events::EventReceiver,
     acked: &mut Vec<OrderId>,
     want: usize,
     limit: Duration,

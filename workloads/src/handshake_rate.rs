@@ -55,7 +55,7 @@ use std::collections::HashMap;
 use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
-use tokio::sync::{mpsc, oneshot};
+use tokio::sync::oneshot;
 use transport_core::{BoxFuture, CounterSnapshot, Fleet, LinkEvent, Need, OrderId, Support};
 
 /// The handshake-rate workload's parameters.
@@ -302,7 +302,7 @@ async fn run_with(
     mode: Mode,
     devices: u32,
     fleet: Arc<dyn Fleet>,
-    events: mpsc::UnboundedReceiver<LinkEvent>,
+    events: transport_core::events::EventReceiver,
     counters: Arc<transport_core::Counters>,
     costs: Option<transport_core::AsymCosts>,
 ) -> Result<(), WorkloadError> {
@@ -448,7 +448,7 @@ pub fn generator_bound(cpu_share: f64, lag_p99_ms: f64) -> bool {
 
 /// Route each answer to the worker waiting for it; count links lost.
 async fn dispatch(
-    mut events: mpsc::UnboundedReceiver<LinkEvent>,
+    mut events: transport_core::events::EventReceiver,
     shared: Arc<Shared>,
     acked: Arc<Mutex<Vec<OrderId>>>,
 ) {

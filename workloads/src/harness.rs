@@ -18,7 +18,6 @@ use std::net::SocketAddr;
 use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
-use tokio::sync::mpsc;
 use transport_core::{
     Capabilities, CounterSnapshot, Counters, Fleet, FleetConfig, LinkEvent, Need, OrderId,
     Transport,
@@ -397,7 +396,7 @@ impl<'a> Run<'a> {
         server: SocketAddr,
         devices: u32,
     ) -> Result<FleetHandle, WorkloadError> {
-        let (tx, rx) = mpsc::unbounded_channel();
+        let (tx, rx) = transport_core::events::channel();
         let counters = Arc::new(Counters::default());
         let fleet = self
             .transport
@@ -535,27 +534,49 @@ pub struct FleetHandle {
     /// The devices' links.
     pub fleet: Arc<dyn Fleet>,
     /// What the links report.
-    pub events: mpsc::UnboundedReceiver<LinkEvent>,
+    pub events: transport_core::events::EventReceiver,
     /// The client side's counters.
     pub counters: Arc<Counters>,
 }
 
 impl FleetHandle {
     /// Hand every event to `on` until it returns `true` (done) or `deadline` passes.
+    ///
+    /// The events already queued are taken without a timer; only an empty queue waits, with one timer for the
+    /// whole wait (a timer per event cost the load generator more than the event itself).
     pub async fn until(
         &mut self,
         deadline: Instant,
         mut on: impl FnMut(&LinkEvent) -> bool,
     ) -> Waited {
+        use tokio::sync::mpsc::error::TryRecvError;
+        let timer = tokio::time::sleep_until(deadline.into());
+        tokio::pin!(timer);
         loop {
-            match tokio::time::timeout_at(deadline.into(), self.events.recv()).await {
-                Ok(Some(event)) => {
-                    if on(&event) {
-                        return Waited::Done;
+            loop {
+                match self.events.try_recv() {
+                    Ok(event) => {
+                        if on(&event) {
+                            return Waited::Done;
+                        }
                     }
+                    Err(TryRecvError::Empty) => break,
+                    Err(TryRecvError::Disconnected) => return Waited::Closed,
                 }
-                Ok(None) => return Waited::Closed,
-                Err(_) => return Waited::TimedOut,
+            }
+            if Instant::now() >= deadline {
+                return Waited::TimedOut;
+            }
+            tokio::select! {
+                event = self.events.recv() => match event {
+                    Some(event) => {
+                        if on(&event) {
+                            return Waited::Done;
+                        }
+                    }
+                    None => return Waited::Closed,
+                },
+                _ = &mut timer => return Waited::TimedOut,
             }
         }
     }

@@ -49,7 +49,7 @@ use std::net::SocketAddr;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
-use tokio::sync::{mpsc, oneshot, watch, Notify};
+use tokio::sync::{oneshot, watch, Notify};
 use tokio::task::JoinSet;
 use tokio::time::Instant;
 use transport_core::Counters;
@@ -226,7 +226,7 @@ struct Shared {
     mailboxes: Box<[Mailbox]>,
     pending: AtomicUsize,
     publishing: AtomicUsize,
-    events: mpsc::UnboundedSender<LinkEvent>,
+    events: transport_core::events::EventSender,
     counters: Arc<Counters>,
     policy: Policy,
 }
@@ -245,7 +245,7 @@ impl<C: Connector> ConnFleet<C> {
     pub fn start(
         connector: C,
         devices: u32,
-        events: mpsc::UnboundedSender<LinkEvent>,
+        events: transport_core::events::EventSender,
         counters: Arc<Counters>,
         policy: Policy,
     ) -> Self {
@@ -258,7 +258,7 @@ impl<C: Connector> ConnFleet<C> {
         connector: C,
         first: u32,
         devices: u32,
-        events: mpsc::UnboundedSender<LinkEvent>,
+        events: transport_core::events::EventSender,
         counters: Arc<Counters>,
         policy: Policy,
     ) -> Self {

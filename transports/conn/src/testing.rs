@@ -14,7 +14,7 @@ use std::net::SocketAddr;
 use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::Duration;
-use tokio::sync::{mpsc, oneshot};
+use tokio::sync::oneshot;
 use transport_core::{
     CounterSnapshot, Counters, Fleet, FleetConfig, LinkEvent, Order, OrderId, Publish, QoS,
     ServeConfig, Transport,
@@ -130,7 +130,7 @@ impl Harness {
         devices: u32,
     ) -> (
         Box<dyn Fleet>,
-        mpsc::UnboundedReceiver<LinkEvent>,
+        transport_core::events::EventReceiver,
         Arc<Counters>,
     ) {
         self.fleet_of(server, 0, devices).await
@@ -145,10 +145,10 @@ impl Harness {
         devices: u32,
     ) -> (
         Box<dyn Fleet>,
-        mpsc::UnboundedReceiver<LinkEvent>,
+        transport_core::events::EventReceiver,
         Arc<Counters>,
     ) {
-        let (events, rx) = mpsc::unbounded_channel();
+        let (events, rx) = transport_core::events::channel();
         let counters = Arc::new(Counters::default());
         let config = FleetConfig {
             server,
@@ -233,7 +233,7 @@ pub fn order(device: u32, seq: u64) -> Order {
 
 /// Wait until every order in `made` has been reported stored; count every Stored event per order.
 pub async fn wait_stored(
-    rx: &mut mpsc::UnboundedReceiver<LinkEvent>,
+    rx: &mut transport_core::events::EventReceiver,
     made: &[OrderId],
     seen: &mut HashMap<OrderId, u32>,
 ) {
@@ -261,7 +261,7 @@ pub async fn wait_stored(
 
 /// After the run: no more Stored events may arrive, and every order was reported exactly once.
 pub async fn assert_reported_once(
-    rx: &mut mpsc::UnboundedReceiver<LinkEvent>,
+    rx: &mut transport_core::events::EventReceiver,
     seen: &mut HashMap<OrderId, u32>,
 ) {
     tokio::time::sleep(Duration::from_millis(200)).await;
@@ -288,7 +288,7 @@ fn send_round(fleet: &dyn Fleet, devices: u32, seq: u64, made: &mut Vec<OrderId>
 async fn settle(
     h: &Harness,
     fleet: &dyn Fleet,
-    rx: &mut mpsc::UnboundedReceiver<LinkEvent>,
+    rx: &mut transport_core::events::EventReceiver,
     made: &[OrderId],
     seen: &mut HashMap<OrderId, u32>,
     server: Server,
@@ -520,7 +520,7 @@ pub async fn foreign_devices_are_refused<C: Connector>(
 ) {
     let server = h.server(any_port());
     let foreign = Arc::new(DeviceCredentials::foreign(&h.identity, 2).unwrap());
-    let (events, mut rx) = mpsc::unbounded_channel();
+    let (events, mut rx) = transport_core::events::channel();
     let counters = Arc::new(Counters::default());
     let connector = connector(server.addr, foreign, 2, counters.clone()).unwrap();
     let fleet = ConnFleet::start(connector, 2, events, counters, Policy::default());
@@ -601,7 +601,7 @@ pub fn message(channel: u32, id: u64, qos: QoS) -> Publish {
 /// Wait until `done` holds of the events collected so far; every event is kept. (`done` sees them all each time:
 /// for the few hundred events of a check, not for floods.)
 pub async fn collect_until(
-    rx: &mut mpsc::UnboundedReceiver<LinkEvent>,
+    rx: &mut transport_core::events::EventReceiver,
     events: &mut Vec<LinkEvent>,
     mut done: impl FnMut(&[LinkEvent]) -> bool,
 ) {

@@ -2,6 +2,7 @@
 //!
 //! - [`transport`]: the [`Transport`] trait (server side, client [`Fleet`], [`Capabilities`]) that every transport
 //!   implements, and the events its links report.
+//! - [`events`]: the channel a fleet's links report their events on, one at a time or in batches.
 //! - [`order`]: what a device sends and a server stores, and how it is identified.
 //! - [`commit`]: the [`OrderStore`](commit::OrderStore) a server commits orders to before it answers "stored"
 //!   (implemented by the `transport-store` crate).
@@ -17,6 +18,7 @@
 
 pub mod commit;
 pub mod counters;
+pub mod events;
 pub mod framing;
 pub mod keys;
 pub mod net;

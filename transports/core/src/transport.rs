@@ -22,7 +22,7 @@ use std::path::PathBuf;
 use std::pin::Pin;
 use std::sync::Arc;
 use std::time::Instant;
-use tokio::sync::{mpsc, oneshot, watch};
+use tokio::sync::{oneshot, watch};
 
 /// A boxed future, as the trait's async methods return.
 pub type BoxFuture<'a, T> = Pin<Box<dyn Future<Output = T> + Send + 'a>>;
@@ -171,7 +171,7 @@ pub struct FleetConfig {
     /// [`device_name`](crate::order::device_name).
     pub devices: u32,
     /// Where the links report stored orders, deliveries and connection changes.
-    pub events: mpsc::UnboundedSender<LinkEvent>,
+    pub events: crate::events::EventSender,
     /// Where the client side counts handshakes, asymmetric operations, re-sends and reconnects.
     pub counters: Arc<Counters>,
 }

@@ -149,7 +149,7 @@ async fn an_order_pipelined_after_a_refused_connect_is_never_stored() {
     let counters = Arc::new(Counters::default());
     let tls = ClientTls::new(credentials, counters.clone(), &[]).unwrap();
     let connector = OrderConnector::new(server.addr, tls).pipelining(true);
-    let (events, mut rx) = tokio::sync::mpsc::unbounded_channel();
+    let (events, mut rx) = transport_core::events::channel();
     let fleet = ConnFleet::start(connector, 1, events, counters.clone(), Policy::default());
     fleet.send(0, testing::order(0, 0));
     tokio::time::sleep(std::time::Duration::from_millis(800)).await;

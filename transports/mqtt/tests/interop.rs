@@ -18,7 +18,6 @@ use std::process::Output;
 use std::sync::Arc;
 use std::time::Duration;
 use tokio::process::Command;
-use tokio::sync::mpsc;
 use transport_conn::fleet::{ConnFleet, Policy};
 use transport_core::Transport;
 use transport_core::{Counters, Fleet, LinkEvent, Order, OrderId};
@@ -402,7 +401,7 @@ async fn the_in_tree_client_works_against_a_real_mosquitto() {
     // The fleet's connector: orders are acknowledged (mosquitto received them; it stores nothing).
     let counters = Arc::new(Counters::default());
     let fleet_tls = ClientTls::new(credentials.clone(), counters.clone(), &[]).unwrap();
-    let (events, mut rx) = mpsc::unbounded_channel();
+    let (events, mut rx) = transport_core::events::channel();
     let fleet = ConnFleet::start(
         OrderConnector::new(m.addr(), fleet_tls),
         3,
@@ -504,7 +503,7 @@ async fn the_mosquitto_variant_serves_through_the_trait() {
         .unwrap()
         .unwrap()
         .addr;
-    let (events, mut rx) = mpsc::unbounded_channel();
+    let (events, mut rx) = transport_core::events::channel();
     let fleet = t
         .fleet(transport_core::FleetConfig {
             server: addr,

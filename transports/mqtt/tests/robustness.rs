@@ -11,7 +11,6 @@ use std::num::NonZeroU16;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
-use tokio::sync::mpsc;
 use transport_conn::fleet::{ConnFleet, Policy};
 use transport_core::framing::encode_order_body;
 use transport_core::{Counters, Fleet, LinkEvent, Order, OrderId};
@@ -326,7 +325,7 @@ async fn run_fleet(
 ) -> (Vec<OrderId>, HashSet<OrderId>, Arc<Counters>) {
     let counters = Arc::new(Counters::default());
     let tls = ClientTls::new(b.credentials.clone(), counters.clone(), &[]).unwrap();
-    let (events, mut rx) = mpsc::unbounded_channel();
+    let (events, mut rx) = transport_core::events::channel();
     let fleet = ConnFleet::start(
         OrderConnector::new(server, tls),
         devices,
@@ -408,7 +407,7 @@ async fn a_resent_order_carries_dup_and_its_first_packet_id() {
     });
     let credentials = Arc::new(transport_tls::DeviceCredentials::load(dir.path()).unwrap());
     let tls = ClientTls::new(credentials, counters.clone(), &[]).unwrap();
-    let (events, mut rx) = mpsc::unbounded_channel();
+    let (events, mut rx) = transport_core::events::channel();
     let fleet = ConnFleet::start(
         OrderConnector::new(addr, tls),
         1,

@@ -115,7 +115,7 @@ impl PureFleet {
         device_keys: Vec<NodeKey>,
         config: SenderConfig,
         sockets: Sockets,
-        events: mpsc::UnboundedSender<LinkEvent>,
+        events: transport_core::events::EventSender,
         counters: Arc<Counters>,
     ) -> Result<PureFleet, TransportError> {
         let devices = device_keys.len() as u32;
@@ -298,7 +298,7 @@ struct Shard {
     /// The earliest timer queued for each device, so the heap holds one live entry per device.
     scheduled: Vec<Option<Instant>>,
     dirty: Vec<usize>,
-    events: mpsc::UnboundedSender<LinkEvent>,
+    events: transport_core::events::EventSender,
     outstanding: Arc<Outstanding>,
     counters: Arc<Counters>,
     /// Subscriptions not answered yet, by (device index, channel).
@@ -313,7 +313,7 @@ impl Shard {
     fn new(
         socket: UdpSocket,
         devices: Vec<(u32, Sender)>,
-        events: mpsc::UnboundedSender<LinkEvent>,
+        events: transport_core::events::EventSender,
         outstanding: Arc<Outstanding>,
         counters: Arc<Counters>,
     ) -> Shard {
@@ -468,6 +468,8 @@ impl Shard {
     /// Report what device `i` has to say.
     fn report(&mut self, now: Instant, i: usize) {
         let (device, sender) = &mut self.devices[i];
+        // What one datagram answered goes to the workload as one batch.
+        let mut batch = Vec::new();
         while let Some(event) = sender.poll_event() {
             let event = match event {
                 SenderEvent::Stored(id) => {
@@ -507,8 +509,9 @@ impl Shard {
                     at: now,
                 },
             };
-            let _ = self.events.send(event);
+            batch.push(event);
         }
+        let _ = self.events.send_all(batch);
     }
 
     async fn flush(&mut self) -> std::io::Result<()> {

@@ -169,6 +169,12 @@ impl<K: Ord + Copy, T> Flight<K, T> {
     fn take(&mut self, key: &K) -> Option<Entry<K, T>> {
         let slot = self.index.remove(key)?;
         let entry = self.slots[slot as usize].take();
+        self.release(slot);
+        entry
+    }
+
+    /// Slot `slot` is empty now: reuse it, or (nothing in flight) let the slab go.
+    fn release(&mut self, slot: u32) {
         if self.index.is_empty() {
             // Nothing in flight: an idle link keeps no room for the burst it had.
             if self.slots.capacity() > 64 {
@@ -181,7 +187,6 @@ impl<K: Ord + Copy, T> Flight<K, T> {
         } else {
             self.free.push(slot);
         }
-        entry
     }
 
     /// Put a frame in flight, ready to be sent, with the re-send timeout `rto`. A frame already in flight under
@@ -334,6 +339,26 @@ impl<K: Ord + Copy, T> Flight<K, T> {
                 e.deadline = now + e.rto;
             }
         }
+    }
+
+    /// The frame was answered: hand its item to `f` in place (no copy of the entry), then drop it. Returns what `f`
+    /// returned and, if the frame was sent only once, its round trip.
+    pub fn remove_with<R>(
+        &mut self,
+        now: Instant,
+        key: &K,
+        f: impl FnOnce(&mut T) -> R,
+    ) -> Option<(R, Option<Duration>)> {
+        let slot = self.index.remove(key)?;
+        let e = self.slots[slot as usize].as_mut()?;
+        let rtt = match (e.resent, e.first_sent) {
+            (false, Some(sent)) => Some(now.saturating_duration_since(sent)),
+            _ => None,
+        };
+        let r = f(&mut e.item);
+        self.slots[slot as usize] = None;
+        self.release(slot);
+        Some((r, rtt))
     }
 
     /// The frame was answered: take it out. Returns its item and, if it was sent only once, its round trip.

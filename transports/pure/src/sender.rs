@@ -128,8 +128,8 @@ struct Out {
     sent_for: Option<u64>,
     /// A record of its own keeps its sealed bytes for a re-send; a bundle's entry is sealed again in each bundle.
     sealed: Option<Vec<u8>>,
-    /// Per-request records keep the answer secret of their own setup.
-    own_keys: Option<WireKeys>,
+    /// Per-request records keep the answer secret of their own setup (boxed: every other frame moves without it).
+    own_keys: Option<Box<WireKeys>>,
 }
 
 struct Session {
@@ -476,28 +476,37 @@ impl Sender {
             }
             return;
         }
-        let (out, rtt) = self.flight.remove(now, &key).expect("looked up above");
+        // What the answer reports, and the sealed bytes for reuse, taken from the frame where it lies.
+        let spare = &mut self.spare;
+        let ((event, refused_channel), rtt) = self
+            .flight
+            .remove_with(now, &key, |out| {
+                if let Some(frame) = out.sealed.take() {
+                    if spare.len() < SPARE_FRAMES {
+                        spare.push(frame);
+                    }
+                }
+                match &out.item {
+                    Item::Order(o) => (SenderEvent::Stored(o.id), None),
+                    Item::Subscribe { channel, .. } if refused => {
+                        (SenderEvent::Refused(*channel), Some(*channel))
+                    }
+                    Item::Subscribe { channel, .. } => (SenderEvent::Subscribed(*channel), None),
+                    Item::Publish { id, .. } => (SenderEvent::Accepted(*id), None),
+                }
+            })
+            .expect("looked up above");
         self.flow.answered(rtt);
         if !left {
             self.learn_run(receiver_run);
         }
-        if let Some(frame) = out.sealed {
-            if self.spare.len() < SPARE_FRAMES {
-                self.spare.push(frame);
+        if let Some(channel) = refused_channel {
+            // Not refreshed any more: a refresh would only be refused again.
+            if !self.subscribing(channel) {
+                self.subscriptions.retain(|(c, _)| *c != channel);
             }
         }
-        self.events.push_back(match out.item {
-            Item::Order(o) => SenderEvent::Stored(o.id),
-            Item::Subscribe { channel, .. } if refused => {
-                // Not refreshed any more: a refresh would only be refused again.
-                if !self.subscribing(channel) {
-                    self.subscriptions.retain(|(c, _)| *c != channel);
-                }
-                SenderEvent::Refused(channel)
-            }
-            Item::Subscribe { channel, .. } => SenderEvent::Subscribed(channel),
-            Item::Publish { id, .. } => SenderEvent::Accepted(id),
-        });
+        self.events.push_back(event);
     }
 
     /// A verified answer named receiver run `run`. If it is new, the receiver restarted: records sealed from now on
@@ -785,7 +794,7 @@ impl Sender {
         out.sent_for = Some(rrun);
         if self.config.kind == Kind::HpkePerRequest {
             // The answer to this record is tagged with a key of its own setup.
-            out.own_keys = keys;
+            out.own_keys = keys.map(Box::new);
         }
     }
 

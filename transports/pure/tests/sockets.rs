@@ -24,7 +24,7 @@ async fn sources(spec: &str, devices: u32) -> HashMap<KeyId, HashSet<SocketAddr>
     let dir = tempfile::tempdir().unwrap();
     pure.prepare(dir.path(), devices).unwrap();
     let server = UdpSocket::bind("127.0.0.1:0").await.unwrap();
-    let (events, _events_rx) = tokio::sync::mpsc::unbounded_channel();
+    let (events, _events_rx) = transport_core::events::channel();
     let fleet = pure
         .fleet(FleetConfig {
             server: server.local_addr().unwrap(),

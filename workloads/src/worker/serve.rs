@@ -14,7 +14,6 @@ use std::path::PathBuf;
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::{Duration, Instant};
 use tokio::io::{AsyncBufRead, AsyncBufReadExt, AsyncWrite, AsyncWriteExt};
-use tokio::sync::mpsc;
 use transport_core::{procfs, Counters, Fleet, FleetConfig, LinkEvent, Transport};
 
 /// Where a worker's fleet goes.
@@ -235,12 +234,12 @@ where
 
 type Made = (
     Arc<dyn Fleet>,
-    mpsc::UnboundedReceiver<LinkEvent>,
+    transport_core::events::EventReceiver,
     Arc<Counters>,
 );
 
 async fn make_fleet(transport: &dyn Transport, config: &WorkerConfig) -> Result<Made, WorkerError> {
-    let (events, rx) = mpsc::unbounded_channel();
+    let (events, rx) = transport_core::events::channel();
     let counters = Arc::new(Counters::default());
     let fleet = transport
         .fleet(FleetConfig {
@@ -285,7 +284,7 @@ fn stats_of(state: &Mutex<State>, counters: &Counters) -> WorkerStats {
 
 /// Follow the links' events: a stored first order opens its link; a lost link is counted (and an error while
 /// holding: an idle link should stay up on its keep-alive).
-async fn watch_events(mut events: mpsc::UnboundedReceiver<LinkEvent>, state: Arc<Mutex<State>>) {
+async fn watch_events(mut events: transport_core::events::EventReceiver, state: Arc<Mutex<State>>) {
     while let Some(event) = events.recv().await {
         let mut s = lock(&state);
         match event {

@@ -1,6 +1,7 @@
 use super::*;
 use std::collections::HashMap;
 use std::sync::atomic::AtomicBool;
+use tokio::sync::mpsc;
 
 /// A connector to an in-memory server that can be made to stall, fail connections, or break connections.
 #[derive(Default)]
@@ -269,7 +270,7 @@ fn order(sender: u64, seq: u64) -> Order {
     }
 }
 
-async fn stored_events(rx: &mut mpsc::UnboundedReceiver<LinkEvent>, n: usize) -> Vec<OrderId> {
+async fn stored_events(rx: &mut transport_core::events::EventReceiver, n: usize) -> Vec<OrderId> {
     let mut ids = Vec::new();
     while ids.len() < n {
         match tokio::time::timeout(Duration::from_secs(30), rx.recv()).await {
@@ -284,8 +285,11 @@ async fn stored_events(rx: &mut mpsc::UnboundedReceiver<LinkEvent>, n: usize) ->
 fn fleet(
     fake: &Arc<Fake>,
     devices: u32,
-) -> (ConnFleet<FakeConnector>, mpsc::UnboundedReceiver<LinkEvent>) {
-    let (tx, rx) = mpsc::unbounded_channel();
+) -> (
+    ConnFleet<FakeConnector>,
+    transport_core::events::EventReceiver,
+) {
+    let (tx, rx) = transport_core::events::channel();
     let fleet = ConnFleet::start(
         FakeConnector(fake.clone()),
         devices,
@@ -321,7 +325,7 @@ async fn orders_are_stored_once_and_connections_reused() {
 #[tokio::test(start_paused = true)]
 async fn a_slice_of_devices_keeps_their_numbers() {
     let fake = Arc::new(Fake::default());
-    let (tx, mut rx) = mpsc::unbounded_channel();
+    let (tx, mut rx) = transport_core::events::channel();
     let fleet = ConnFleet::start_at(
         FakeConnector(fake.clone()),
         10,
@@ -543,7 +547,7 @@ fn message(id: u64, qos: QoS) -> Publish {
 
 /// Every event until `done` holds, or a panic after 30 s (virtual) of waiting.
 async fn events_until(
-    rx: &mut mpsc::UnboundedReceiver<LinkEvent>,
+    rx: &mut transport_core::events::EventReceiver,
     mut done: impl FnMut(&[LinkEvent]) -> bool,
 ) -> Vec<LinkEvent> {
     let mut events = Vec::new();
@@ -557,7 +561,7 @@ async fn events_until(
 }
 
 /// Events after a quiet while.
-async fn remaining(rx: &mut mpsc::UnboundedReceiver<LinkEvent>) -> Vec<LinkEvent> {
+async fn remaining(rx: &mut transport_core::events::EventReceiver) -> Vec<LinkEvent> {
     tokio::time::sleep(Duration::from_secs(5)).await;
     std::iter::from_fn(|| rx.try_recv().ok()).collect()
 }
