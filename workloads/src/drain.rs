@@ -46,7 +46,8 @@ pub struct DrainParams {
     pub orders: u32,
     /// Smaller backlogs and fewer devices for the transports named here (a variant that drains a hundred times
     /// slower needs less in flight, or every record waits past its re-send timer); the others take `orders` and
-    /// `clients`.
+    /// `clients`. A name without a variant (`quinn`, `mqtt`) also covers its variants (`quinn:p256`,
+    /// `mqtt@mosquitto`, `mqtt:resume`), unless a variant is named itself.
     #[serde(default)]
     pub at_most: BTreeMap<String, Limits>,
     /// Devices, each with its own link; together their windows are what is in flight.
@@ -63,7 +64,8 @@ pub struct DrainParams {
 impl DrainParams {
     /// The backlog and the devices for a transport: `orders` and `clients`, or less where `at_most` says so.
     pub fn for_transport(&self, spec: &str) -> (u32, u32) {
-        let limits = self.at_most.get(spec);
+        let family = spec.split([':', '@', '+']).next().unwrap_or(spec);
+        let limits = self.at_most.get(spec).or_else(|| self.at_most.get(family));
         let cap = |value: u32, most: Option<u32>| most.map_or(value, |m| m.min(value));
         (
             cap(self.orders, limits.and_then(|l| l.orders)),
@@ -155,9 +157,10 @@ impl Workload for Drain {
         &INFO
     }
 
-    /// A backlog the server needs seconds for (two million orders; 40,000 for the per-request variant, which drains
-    /// a hundred times slower), or a CI-sized run. The seed's own drain (seed 088: 20,000 orders from eight
-    /// clients) is `--param orders=20000 --param clients=8`.
+    /// A backlog the server needs seconds for (eight million orders, about 3 s of a Pure server here; 40,000 for
+    /// the per-request variant, which drains a hundred times slower; a million for QUIC and two for MQTT, about 8 s
+    /// of theirs), or a CI-sized run. The seed's own drain (seed 088: 20,000 orders from eight clients) is `--param
+    /// orders=20000 --param clients=8`.
     fn cases(&self, profile: Profile) -> Vec<DrainParams> {
         // Per-request sealing drains about 5,000 orders/s here: 2 devices keep 512 records in flight, a tenth of a
         // second of its work, under the devices' 200 ms re-send timer.
@@ -170,10 +173,27 @@ impl Workload for Drain {
                 },
             )])
         };
+        let seed_limits = {
+            let mut limits = slow(40_000);
+            for (family, orders) in [
+                ("quinn", 1_000_000),
+                ("s2n-quic", 1_000_000),
+                ("mqtt", 2_000_000),
+            ] {
+                limits.insert(
+                    family.to_string(),
+                    Limits {
+                        orders: Some(orders),
+                        clients: None,
+                    },
+                );
+            }
+            limits
+        };
         vec![match profile {
             Profile::Seed => DrainParams {
-                orders: 2_000_000,
-                at_most: slow(40_000),
+                orders: 8_000_000,
+                at_most: seed_limits,
                 clients: 128,
                 payload_bytes: 64,
                 pile_up_ms: 50,
@@ -415,6 +435,30 @@ impl Steady {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn limits_name_a_transport_or_its_whole_family() {
+        let seed = Drain.cases(Profile::Seed).remove(0);
+        assert_eq!(seed.for_transport("pure"), (8_000_000, 128));
+        assert_eq!(seed.for_transport("pure:hpke-per-request"), (40_000, 2));
+        assert_eq!(seed.for_transport("pure:hpke-session"), (8_000_000, 128));
+        assert_eq!(seed.for_transport("quinn"), (1_000_000, 128));
+        assert_eq!(seed.for_transport("quinn:p256"), (1_000_000, 128));
+        assert_eq!(seed.for_transport("s2n-quic:rustls"), (1_000_000, 128));
+        assert_eq!(seed.for_transport("mqtt@mosquitto"), (2_000_000, 128));
+        let mut p = seed.clone();
+        // A variant named itself wins over its family; a smaller backlog asked for stays smaller.
+        p.at_most.insert(
+            "quinn:p256".into(),
+            Limits {
+                orders: Some(5),
+                clients: Some(1),
+            },
+        );
+        assert_eq!(p.for_transport("quinn:p256"), (5, 1));
+        p.orders = 10;
+        assert_eq!(p.for_transport("quinn"), (10, 128));
+    }
 
     #[test]
     fn the_steady_part_leaves_out_the_ends() {
