@@ -27,6 +27,7 @@ pub fn collect(profile: &str, pinning: Pinning) -> Provenance {
         load_average: std::fs::read_to_string("/proc/loadavg")
             .ok()
             .and_then(|s| s.split_whitespace().next()?.parse().ok()),
+        warmup_rounds: 0,
     }
 }
 

@@ -159,9 +159,15 @@ fn origin(results: &[&RunResult]) -> String {
     let state_fsync = merged_sync_times(&ran, "state_fsync", "the server's own state synced");
     let priority = distinct(&|r| {
         let p = &r.provenance;
-        let load = p
+        let mut load = p
             .load_average
             .map_or(String::new(), |l| format!(", load average {l:.1} at start"));
+        if p.warmup_rounds > 0 {
+            load.push_str(&format!(
+                ", after {} uncounted warm-up round(s)",
+                p.warmup_rounds
+            ));
+        }
         if p.priority.is_empty() {
             format!("priority not recorded{load}")
         } else {

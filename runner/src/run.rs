@@ -27,6 +27,11 @@ pub struct RunArgs {
     /// Rounds per transport; each round runs the transports in a rotated order.
     #[arg(long, default_value_t = 3)]
     pub rounds: u32,
+    /// Uncounted rounds before the counted ones, for every case: each transport runs as in a round, and the results
+    /// are neither written nor shown (recorded as `warmup_rounds` in the provenance). On a VM whose host backs
+    /// memory only when it is first touched, the first runs of an invocation pay for that.
+    #[arg(long, default_value_t = 0)]
+    pub warmup: u32,
     /// The JSON Lines file results are appended to (default: results/<date>.jsonl).
     #[arg(long)]
     pub out: Option<PathBuf>,
@@ -136,7 +141,8 @@ pub async fn run(
     if args.server_threads == 0 {
         bail!("--server-threads must be at least 1");
     }
-    let provenance = crate::provenance::collect(args.profile.name(), pinning);
+    let mut provenance = crate::provenance::collect(args.profile.name(), pinning);
+    provenance.warmup_rounds = args.warmup;
     let out = args.out.clone().unwrap_or_else(|| {
         PathBuf::from("results").join(format!("{}.jsonl", provenance.date.replace([':', '-'], "")))
     });
@@ -160,6 +166,14 @@ pub async fn run(
     let mut order: Vec<(String, String)> = Vec::new();
     for (workload, cases) in &plan.workloads {
         for _ in cases {
+            for round in 0..args.warmup {
+                for i in rotation(transports.len(), round) {
+                    order.push((
+                        workload.info().name.to_string(),
+                        format!("{} · warm-up", transports[i].spec()),
+                    ));
+                }
+            }
             for round in 0..args.rounds {
                 for i in rotation(transports.len(), round) {
                     for hostile in variants {
@@ -200,6 +214,26 @@ pub async fn run(
     for (workload, cases) in &plan.workloads {
         let name = workload.info().name;
         for case in cases {
+            for round in 0..args.warmup {
+                for i in rotation(transports.len(), round) {
+                    let t = transports[i].as_ref();
+                    progress.start(&format!(
+                        "{name} · {} · warm-up {}/{}",
+                        t.spec(),
+                        round + 1,
+                        args.warmup
+                    ));
+                    let r = harness.run(*workload, t, round, case).await;
+                    progress.end();
+                    // Not counted, but a warm-up that fails says so: the counted rounds would likely fail too.
+                    if let Some(e) = &r.error {
+                        progress.println(&format!(
+                            "warm-up error: {name} {} round {round}: {e}",
+                            t.spec()
+                        ));
+                    }
+                }
+            }
             for round in 0..args.rounds {
                 let order: Vec<(usize, usize)> = rotation(transports.len(), round)
                     .into_iter()

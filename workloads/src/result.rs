@@ -81,6 +81,9 @@ pub struct Provenance {
     pub priority: String,
     /// The machine's 1-minute load average when the invocation started.
     pub load_average: Option<f64>,
+    /// Uncounted rounds the invocation ran before its counted ones (`runner run --warmup`).
+    #[serde(default)]
+    pub warmup_rounds: u32,
 }
 
 /// Errors reading or writing results files.
