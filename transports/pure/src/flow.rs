@@ -132,6 +132,10 @@ pub struct Flight<K, T> {
     free: Vec<u32>,
     /// Frames to send (again), with their slots: sending looks nothing up in the map.
     ready: VecDeque<(K, u32)>,
+    /// At or before the earliest deadline of a frame sent and unanswered: lowered as frames are sent, left as it is
+    /// when one is answered, set exactly by [`Flight::handle_timeout`]. Scanning every frame in flight for the
+    /// earliest deadline each time a device asks was a visit of its whole window per datagram it took.
+    next_deadline: Option<Instant>,
 }
 
 /// Where a frame in flight is kept: valid until it is removed ([`Flight::next_ready_slot`]).
@@ -145,6 +149,7 @@ impl<K: Ord + Copy, T> Default for Flight<K, T> {
             slots: Vec::new(),
             free: Vec::new(),
             ready: VecDeque::new(),
+            next_deadline: None,
         }
     }
 }
@@ -256,32 +261,39 @@ impl<K: Ord + Copy, T> Flight<K, T> {
         !self.ready.is_empty()
     }
 
-    /// When [`Flight::handle_timeout`] should run next.
+    /// When [`Flight::handle_timeout`] should run next: at or before the earliest deadline of the frames sent and not
+    /// answered (early when the frame that had it was answered since; that call then finds nothing due and sets the
+    /// time exactly). `None`: no frame waits for its answer.
     pub fn poll_timeout(&self) -> Option<Instant> {
-        self.slots
-            .iter()
-            .flatten()
-            .filter(|e| !e.queued)
-            .map(|e| e.deadline)
-            .min()
+        if self.index.is_empty() {
+            return None;
+        }
+        self.next_deadline
     }
 
     /// Queue the frames whose answer is overdue, doubling their own timeouts up to `max_rto`. Returns how many.
     pub fn handle_timeout(&mut self, now: Instant, max_rto: Duration) -> usize {
         let mut expired = 0;
+        let mut next: Option<Instant> = None;
         for &(key, slot) in self.index.iter() {
             let Some(e) = self.slots[slot as usize].as_mut() else {
                 continue;
             };
-            if !e.queued && e.deadline <= now {
+            if e.queued {
+                continue;
+            }
+            if e.deadline <= now {
                 e.queued = true;
                 e.resent = true;
                 e.rto = (e.rto * 2).min(max_rto);
                 e.deadline = now + e.rto;
                 self.ready.push_back((key, slot));
                 expired += 1;
+            } else {
+                next = Some(next.map_or(e.deadline, |n| n.min(e.deadline)));
             }
         }
+        self.next_deadline = next;
         expired
     }
 
@@ -337,6 +349,8 @@ impl<K: Ord + Copy, T> Flight<K, T> {
                 e.first_sent.get_or_insert(now);
                 e.queued = false;
                 e.deadline = now + e.rto;
+                let d = e.deadline;
+                self.next_deadline = Some(self.next_deadline.map_or(d, |n| n.min(d)));
             }
         }
     }
@@ -656,6 +670,69 @@ mod tests {
         );
         assert_eq!(f.remove(t2, &1), Some(("a", None)), "re-sent: no sample");
         assert!(f.is_empty());
+    }
+
+    /// The timer asked for is never after the earliest deadline of a frame waiting for its answer, and once a call
+    /// at that time found nothing due it is exactly the earliest: against a scan of every frame, through sends,
+    /// answers in any order, expiries and re-sends.
+    #[test]
+    fn the_timer_is_never_late_and_exact_after_each_expiry() {
+        use rand::{RngExt, SeedableRng};
+        let mut rng = rand::rngs::StdRng::seed_from_u64(9);
+        let t0 = Instant::now();
+        let max = Duration::from_secs(1);
+        let mut f: Flight<u64, ()> = Flight::default();
+        let mut now = t0;
+        let mut next = 0u64;
+        let exact = |f: &Flight<u64, ()>| {
+            f.slots
+                .iter()
+                .flatten()
+                .filter(|e| !e.queued)
+                .map(|e| e.deadline)
+                .min()
+        };
+        for _ in 0..20_000 {
+            now += Duration::from_millis(rng.random_range(0..20));
+            match rng.random_range(0..10) {
+                0..=3 => {
+                    f.insert(
+                        now,
+                        next,
+                        (),
+                        Duration::from_millis(rng.random_range(50..300)),
+                    );
+                    next += 1;
+                }
+                4 | 5 => {
+                    while let Some((key, slot)) = f.next_ready_slot() {
+                        f.sent_slot(now, key, slot);
+                    }
+                }
+                6 | 7 => {
+                    if let Some(key) = f.first_in(..) {
+                        let pick = if rng.random_bool(0.7) {
+                            key
+                        } else {
+                            rng.random_range(key..next.max(key + 1))
+                        };
+                        f.remove(now, &pick);
+                    }
+                }
+                _ => {
+                    let due = f.poll_timeout();
+                    if due.is_some_and(|t| t <= now) {
+                        f.handle_timeout(now, max);
+                        assert_eq!(f.poll_timeout(), exact(&f), "exact after an expiry");
+                    }
+                }
+            }
+            match (f.poll_timeout(), exact(&f)) {
+                (Some(asked), Some(earliest)) => assert!(asked <= earliest),
+                (None, Some(earliest)) => panic!("no timer, a deadline at {earliest:?}"),
+                _ => {}
+            }
+        }
     }
 
     #[test]
