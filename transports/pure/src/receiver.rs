@@ -126,10 +126,18 @@ struct WireId {
     run: u64,
 }
 
-/// Where a frame that opened came from: its wire, and whether it was an order of a bundle (answered in an answer
-/// bundle) or a record of its own (answered by an answer frame).
+/// Where a frame that opened came from: the datagram's source, the allowed sender whose keys it opened under, its
+/// wire, and whether it was an order of a bundle (answered in an answer bundle) or a record of its own (answered by
+/// an answer frame).
 #[derive(Debug, Clone, Copy)]
 struct Origin {
+    from: SocketAddr,
+    /// The sender's place in the allow-list.
+    index: usize,
+    /// The number its orders are stored under.
+    sender_id: u64,
+    /// Its public key.
+    public: [u8; 32],
     wire: WireId,
     bundled: bool,
 }
@@ -400,6 +408,10 @@ impl Receiver {
             Kind::Link => self.open_link(index, &sender_public, r)?,
         };
         let origin = Origin {
+            from,
+            index,
+            sender_id,
+            public: sender_public,
             wire: WireId {
                 kind: r.kind,
                 key_id: r.key_id,
@@ -408,7 +420,7 @@ impl Receiver {
             bundled: r.op == Op::Bundle,
         };
         if r.op == Op::Bundle {
-            self.bundle(now, from, index, sender_id, &sender_public, origin, opened);
+            self.bundle(now, &origin, opened);
             return Ok(());
         }
         let frame = Taken {
@@ -421,31 +433,12 @@ impl Receiver {
             answer: opened.answer,
             wire: opened.wire,
         };
-        self.take(
-            now,
-            from,
-            index,
-            sender_id,
-            &sender_public,
-            origin,
-            frame,
-            &keys,
-        )
+        self.take(now, &origin, frame, &keys)
     }
 
     /// A bundle that opened: each of its orders is taken as an order record of its seq on the bundle's wire would be,
     /// and counted as one received. A malformed entry ends the walk (counted); the orders before it stand.
-    #[allow(clippy::too_many_arguments)]
-    fn bundle(
-        &mut self,
-        now: Instant,
-        from: SocketAddr,
-        index: usize,
-        sender_id: u64,
-        sender_public: &[u8; 32],
-        origin: Origin,
-        opened: Opened,
-    ) {
+    fn bundle(&mut self, now: Instant, origin: &Origin, opened: Opened) {
         let keys = Keys {
             answer: opened.answer,
             wire: opened.wire,
@@ -464,17 +457,7 @@ impl Receiver {
                 made: Some(u64::from_be_bytes(made.try_into().expect("8 bytes"))),
                 plain: payload.to_vec(),
             };
-            let taken = self.take(
-                now,
-                from,
-                index,
-                sender_id,
-                sender_public,
-                origin,
-                frame,
-                &keys,
-            );
-            if let Err(e) = taken {
+            if let Err(e) = self.take(now, origin, frame, &keys) {
                 self.count(&e);
             }
         }
@@ -482,20 +465,15 @@ impl Receiver {
 
     /// A frame that opened (a record, or an entry of a bundle): an order to the store, a subscribe or publish to the
     /// relay.
-    #[allow(clippy::too_many_arguments)]
     fn take(
         &mut self,
         now: Instant,
-        from: SocketAddr,
-        index: usize,
-        sender_id: u64,
-        sender_public: &[u8; 32],
-        origin: Origin,
+        origin: &Origin,
         frame: Taken,
         keys: &Keys,
     ) -> Result<(), Refused> {
         if frame.op != Op::Order {
-            return self.pubsub(now, from, index, sender_public, origin, frame, keys);
+            return self.pubsub(now, origin, frame, keys);
         }
         let mut payload = frame.plain;
         let made = match frame.made {
@@ -509,17 +487,10 @@ impl Receiver {
                 made
             }
         };
-        let reply = self.reply(
-            from,
-            origin,
-            frame.op,
-            frame.number,
-            keys.answer.as_ref(),
-            false,
-        );
+        let reply = self.reply(origin, frame.op, frame.number, keys.answer.as_ref(), false);
         self.orders.push(Order {
             id: OrderId {
-                sender: sender_id,
+                sender: origin.sender_id,
                 run: origin.wire.run,
                 seq: frame.number,
             },
@@ -534,13 +505,13 @@ impl Receiver {
     /// (subscribes only). A bundle's order is answered in an answer bundle, tagged when that is built.
     fn reply(
         &self,
-        to: SocketAddr,
-        origin: Origin,
+        origin: &Origin,
         op: Op,
         number: u64,
         key: Option<&AnswerKey>,
         refused: bool,
     ) -> Reply {
+        let to = origin.from;
         if origin.bundled {
             debug_assert!(op == Op::Order && !refused);
             return Reply {
@@ -579,18 +550,15 @@ impl Receiver {
     /// numbers seen before on the wire are answered again and change nothing. A subscribe for this run over the
     /// channel bound is answered with a refusal, so that the device stops sending it; a copy seen before is answered
     /// as the relay would answer it now (refused while the device holds as many other channels).
-    #[allow(clippy::too_many_arguments)]
     fn pubsub(
         &mut self,
         now: Instant,
-        from: SocketAddr,
-        index: usize,
-        sender_public: &[u8; 32],
-        origin: Origin,
+        origin: &Origin,
         frame: Taken,
         keys: &Keys,
     ) -> Result<(), Refused> {
         let (op, number, run) = (frame.op, frame.number, origin.wire.run);
+        let (from, index, sender_public) = (origin.from, origin.index, &origin.public);
         let p = &frame.plain;
         let (Some(receiver_run), Some(channel)) = (
             p.first_chunk::<8>().map(|b| u64::from_be_bytes(*b)),
@@ -665,7 +633,7 @@ impl Receiver {
         }
         if op.answered() {
             let refused = op == Op::Subscribe && current && self.relay.refuses(index, channel);
-            let reply = self.reply(from, origin, op, number, keys.answer.as_ref(), refused);
+            let reply = self.reply(origin, op, number, keys.answer.as_ref(), refused);
             self.answer(&reply);
         }
         if over_bound {

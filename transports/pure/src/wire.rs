@@ -429,34 +429,14 @@ pub struct Entry<'a> {
 /// Walks the orders of a bundle's plaintext; stops at the first malformed one (a plaintext shorter than `made_us`,
 /// or one that runs past the end).
 pub fn entries(plain: &[u8]) -> Entries<'_> {
-    Entries { rest: plain }
-}
-
-/// The iterator of [`entries`].
-pub struct Entries<'a> {
-    rest: &'a [u8],
-}
-
-impl<'a> Iterator for Entries<'a> {
-    type Item = Result<Entry<'a>, WireError>;
-
-    fn next(&mut self) -> Option<Self::Item> {
-        if self.rest.is_empty() {
-            return None;
-        }
-        let r = parse_entry(self.rest);
-        match r {
-            Ok((entry, used)) => {
-                self.rest = &self.rest[used..];
-                Some(Ok(entry))
-            }
-            Err(e) => {
-                self.rest = &[];
-                Some(Err(e))
-            }
-        }
+    Walk {
+        rest: plain,
+        parse: parse_entry,
     }
 }
+
+/// The orders of a bundle ([`entries`]).
+pub type Entries<'a> = Walk<'a, Entry<'a>>;
 
 fn parse_entry(buf: &[u8]) -> Result<(Entry<'_>, usize), WireError> {
     if buf.len() < ENTRY_HEADER_LEN {
@@ -530,35 +510,45 @@ fn be_u64(b: &[u8], at: usize) -> u64 {
     u64::from_be_bytes(x)
 }
 
-/// Walks the frames of a datagram. Stops at the first malformed frame (the rest of the datagram cannot be trusted
-/// to be aligned).
-pub struct Frames<'a> {
+/// Walks self-delimiting items laid back to back (the frames of a datagram, the orders of a bundle): each parsed
+/// from where the last ended; the walk stops at the first malformed one (what follows cannot be trusted to be
+/// aligned).
+pub struct Walk<'a, T> {
     rest: &'a [u8],
+    parse: Parse<'a, T>,
 }
 
-/// Iterate over the frames of a datagram.
-pub fn frames(datagram: &[u8]) -> Frames<'_> {
-    Frames { rest: datagram }
-}
+/// Parse one item at the start of a buffer: the item and the bytes it used.
+type Parse<'a, T> = fn(&'a [u8]) -> Result<(T, usize), WireError>;
 
-impl<'a> Iterator for Frames<'a> {
-    type Item = Result<Frame<'a>, WireError>;
+impl<'a, T> Iterator for Walk<'a, T> {
+    type Item = Result<T, WireError>;
 
     fn next(&mut self) -> Option<Self::Item> {
         if self.rest.is_empty() {
             return None;
         }
-        let r = parse_frame(self.rest);
-        match r {
-            Ok((frame, used)) => {
+        match (self.parse)(self.rest) {
+            Ok((item, used)) => {
                 self.rest = &self.rest[used..];
-                Some(Ok(frame))
+                Some(Ok(item))
             }
             Err(e) => {
                 self.rest = &[];
                 Some(Err(e))
             }
         }
+    }
+}
+
+/// The frames of a datagram ([`frames`]).
+pub type Frames<'a> = Walk<'a, Frame<'a>>;
+
+/// Iterate over the frames of a datagram.
+pub fn frames(datagram: &[u8]) -> Frames<'_> {
+    Walk {
+        rest: datagram,
+        parse: parse_frame,
     }
 }
 
