@@ -431,7 +431,7 @@ pub struct Entry<'a> {
 pub fn entries(plain: &[u8]) -> Entries<'_> {
     Walk {
         rest: plain,
-        parse: parse_entry,
+        item: std::marker::PhantomData,
     }
 }
 
@@ -515,20 +515,35 @@ fn be_u64(b: &[u8], at: usize) -> u64 {
 /// aligned).
 pub struct Walk<'a, T> {
     rest: &'a [u8],
-    parse: Parse<'a, T>,
+    item: std::marker::PhantomData<T>,
 }
 
-/// Parse one item at the start of a buffer: the item and the bytes it used.
-type Parse<'a, T> = fn(&'a [u8]) -> Result<(T, usize), WireError>;
+/// An item a [`Walk`] reads: parsed from the start of a buffer, with the bytes it used.
+pub trait Walked<'a>: Sized {
+    /// Parse one item at the start of `buf`.
+    fn parse(buf: &'a [u8]) -> Result<(Self, usize), WireError>;
+}
 
-impl<'a, T> Iterator for Walk<'a, T> {
+impl<'a> Walked<'a> for Frame<'a> {
+    fn parse(buf: &'a [u8]) -> Result<(Self, usize), WireError> {
+        parse_frame(buf)
+    }
+}
+
+impl<'a> Walked<'a> for Entry<'a> {
+    fn parse(buf: &'a [u8]) -> Result<(Self, usize), WireError> {
+        parse_entry(buf)
+    }
+}
+
+impl<'a, T: Walked<'a>> Iterator for Walk<'a, T> {
     type Item = Result<T, WireError>;
 
     fn next(&mut self) -> Option<Self::Item> {
         if self.rest.is_empty() {
             return None;
         }
-        match (self.parse)(self.rest) {
+        match T::parse(self.rest) {
             Ok((item, used)) => {
                 self.rest = &self.rest[used..];
                 Some(Ok(item))
@@ -548,7 +563,7 @@ pub type Frames<'a> = Walk<'a, Frame<'a>>;
 pub fn frames(datagram: &[u8]) -> Frames<'_> {
     Walk {
         rest: datagram,
-        parse: parse_frame,
+        item: std::marker::PhantomData,
     }
 }
 
