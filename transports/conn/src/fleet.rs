@@ -36,6 +36,7 @@
 //! One tokio task, a command queue (a mutex-guarded `Vec` and a `Notify`), the connection, and the orders in
 //! flight; nothing else is allocated while a device is idle.
 
+mod ids;
 mod orders;
 mod pubsub;
 
@@ -49,7 +50,7 @@ use std::net::SocketAddr;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
-use tokio::sync::{oneshot, watch, Notify};
+use tokio::sync::{mpsc, oneshot, watch, Notify};
 use tokio::task::JoinSet;
 use tokio::time::Instant;
 use transport_core::Counters;
@@ -67,13 +68,30 @@ pub enum Answer {
     Refused(OrderId),
 }
 
+impl Answer {
+    /// The order it answers.
+    pub fn id(&self) -> OrderId {
+        match self {
+            Answer::Stored(id) | Answer::Refused(id) => *id,
+        }
+    }
+}
+
+/// The answers of a pipelined connection ([`Connector::answers`]), in batches as its reader found them (one batch
+/// per read from the connection); the stream ends when the connection does.
+pub type Answers = mpsc::UnboundedReceiver<Vec<Answer>>;
+
 /// What a connection-oriented transport provides to [`ConnFleet`].
 ///
-/// A QUIC transport opens one bidirectional stream per order in [`send_order`](Connector::send_order): streams cost
-/// no round trip to open, an order and its answer are one request and one response, and orders never wait behind
-/// each other (no head-of-line blocking between streams). A transport over one byte stream (TLS over TCP) pipelines:
-/// its connection holds a writer and a table of waiting answers keyed by order id, `send_order` queues the frame
-/// and returns a future that resolves when the reader task finds the matching answer.
+/// Orders go one of two ways:
+///
+/// - **A request per order** ([`send_order`](Connector::send_order)): a QUIC transport opens one bidirectional
+///   stream per order: streams cost no round trip to open, an order and its answer are one request and one
+///   response, and orders never wait behind each other (no head-of-line blocking between streams).
+/// - **Pipelined** ([`answers`](Connector::answers) and [`queue_order`](Connector::queue_order)): a transport over
+///   one byte stream (TLS over TCP) queues each order's frame for the connection's writer and its reader hands the
+///   answers over in batches, one per read: nothing is allocated or awaited per order on the device's side. A
+///   connector whose `answers` returns a stream for a connection is pipelined on it; `send_order` is not used then.
 pub trait Connector: Send + Sync + 'static {
     /// One device's live connection.
     type Conn: Send + 'static;
@@ -82,12 +100,31 @@ pub trait Connector: Send + Sync + 'static {
     fn connect(&self, device: u32) -> BoxFuture<'_, Result<Self::Conn, TransportError>>;
 
     /// Send `order` on `conn`. The order is encoded before this returns (the future does not borrow it); the future
-    /// resolves with the server's answer to this order, or an error if the connection or its stream failed.
+    /// resolves with the server's answer to this order, or an error if the connection or its stream failed. The
+    /// default (for a pipelined connector): not supported.
     fn send_order(
         &self,
         conn: &Self::Conn,
         order: &Order,
-    ) -> BoxFuture<'static, Result<Answer, TransportError>>;
+    ) -> BoxFuture<'static, Result<Answer, TransportError>> {
+        let _ = (conn, order);
+        Box::pin(async { Err(TransportError::Unsupported("a request per order")) })
+    }
+
+    /// The answers to the orders [`queue_order`](Connector::queue_order) sends on `conn`, taken once right after it
+    /// connects; `None` (the default): orders go with [`send_order`](Connector::send_order) on this connection.
+    fn answers(&self, conn: &mut Self::Conn) -> Option<Answers> {
+        let _ = conn;
+        None
+    }
+
+    /// Queue `order` to be sent on a pipelined `conn`; its answer comes on the connection's
+    /// [`answers`](Connector::answers). An error if the connection is closed (the order goes again on the next
+    /// one). The default: not supported.
+    fn queue_order(&self, conn: &Self::Conn, order: &Order) -> Result<(), TransportError> {
+        let _ = (conn, order);
+        Err(TransportError::Unsupported("pipelined orders"))
+    }
 
     /// How many orders one connection carries at once: the fleet sends no more than this on a connection, the rest
     /// wait in the device, and an order's answer timeout starts when it is sent. It should match what the server
@@ -465,6 +502,10 @@ struct Device<C: Connector> {
     pubsub: PubSub,
     /// Deliveries taken from the connection, reported one by one.
     batch: Vec<Delivery>,
+    /// The answers of the current connection if it is pipelined ([`Connector::answers`]).
+    answers: Option<Answers>,
+    /// Events not yet handed to the workload: sent together before the device next waits.
+    events: Vec<LinkEvent>,
 }
 
 impl<C: Connector> Device<C> {
@@ -489,6 +530,8 @@ impl<C: Connector> Device<C> {
             goodbyes: Vec::new(),
             pubsub: PubSub::default(),
             batch: Vec::new(),
+            answers: None,
+            events: Vec::new(),
         }
     }
 
@@ -498,6 +541,7 @@ impl<C: Connector> Device<C> {
             return; // not one of this fleet's devices (never: the fleet starts only its own)
         };
         loop {
+            self.flush_events();
             if *shutdown.borrow() {
                 break;
             }
@@ -538,6 +582,7 @@ impl<C: Connector> Device<C> {
                 continue; // take the commands that arrived meanwhile
             }
             self.send_unsent();
+            self.flush_events();
             let wake = if self.conn.is_some() {
                 self.next_deadline()
             } else {
@@ -546,6 +591,17 @@ impl<C: Connector> Device<C> {
             tokio::select! {
                 biased;
                 _ = shutdown.changed() => break,
+                batch = next_answers(&mut self.answers), if self.answers.is_some() => match batch {
+                    Some(batch) => {
+                        self.answer_batch(batch);
+                        // Every other batch already in, before the window is filled again (as below).
+                        while let Some(Ok(batch)) = self.answers.as_mut().map(|a| a.try_recv()) {
+                            self.answer_batch(batch);
+                        }
+                    }
+                    // The connection's reader has stopped: the connection is over.
+                    None => self.drop_connection(),
+                },
                 Some((id, generation, result)) = self.in_flight.next(), if !self.in_flight.is_empty() => {
                     self.answered(id, generation, result);
                     // Every other answer already in, before the window is filled again: the orders that take
@@ -576,6 +632,7 @@ impl<C: Connector> Device<C> {
                 }
             }
         }
+        self.flush_events();
         for conn in [self.conn.take(), self.leaving.take()]
             .into_iter()
             .flatten()
@@ -635,6 +692,7 @@ impl<C: Connector> Device<C> {
     fn forget(&mut self) {
         let abandoned = self.outstanding.clear();
         self.in_flight = FuturesUnordered::new();
+        self.answers = None;
         self.shared.pending.fetch_sub(abandoned, Ordering::Relaxed);
         let unpublished = self.pubsub.forget();
         self.shared
@@ -671,6 +729,7 @@ impl<C: Connector> Device<C> {
         match result {
             Ok(mut conn) => {
                 self.pubsub.deliveries = self.connector.deliveries(&mut conn);
+                self.answers = self.connector.answers(&mut conn);
                 let counters = &self.shared.counters;
                 Counters::inc(&counters.handshakes);
                 if self.connector.resumed(&conn) {
@@ -681,7 +740,7 @@ impl<C: Connector> Device<C> {
                 }
                 self.lost = false;
                 self.generation += 1;
-                let _ = self.shared.events.send(LinkEvent::Connected {
+                self.events.push(LinkEvent::Connected {
                     device: self.device,
                     at: std::time::Instant::now(),
                 });
@@ -712,6 +771,8 @@ impl<C: Connector> Device<C> {
         let Some(conn) = &self.conn else { return };
         let generation = self.generation;
         let window = self.connector.window();
+        let pipelined = self.answers.is_some();
+        let mut failed = false;
         let (connector, counters, in_flight) =
             (&self.connector, &self.shared.counters, &mut self.in_flight);
         self.outstanding
@@ -719,12 +780,22 @@ impl<C: Connector> Device<C> {
                 if again {
                     Counters::inc(&counters.resent_reconnect);
                 }
-                in_flight.push(InFlight {
-                    id: order.id,
-                    generation,
-                    answer: connector.send_order(conn, order),
-                });
+                if pipelined {
+                    // Once one fails the connection is closed: the rest are not queued, and all go again on the
+                    // next connection.
+                    failed = failed || connector.queue_order(conn, order).is_err();
+                } else {
+                    in_flight.push(InFlight {
+                        id: order.id,
+                        generation,
+                        answer: connector.send_order(conn, order),
+                    });
+                }
             });
+        if failed {
+            self.drop_connection();
+            return;
+        }
         self.pubsub.send_unsent(
             &*self.connector,
             conn,
@@ -756,7 +827,7 @@ impl<C: Connector> Device<C> {
         match self.pubsub.accepted(id, &result) {
             Acceptance::Accepted(qos) => {
                 self.shared.publishing.fetch_sub(1, Ordering::Relaxed);
-                let _ = self.shared.events.send(LinkEvent::Accepted {
+                self.events.push(LinkEvent::Accepted {
                     device: self.device,
                     id,
                     at: std::time::Instant::now(),
@@ -778,7 +849,7 @@ impl<C: Connector> Device<C> {
     fn report_deliveries(&mut self) {
         for delivery in std::mem::take(&mut self.batch) {
             if self.pubsub.is_new(&delivery) {
-                let _ = self.shared.events.send(LinkEvent::Delivered {
+                self.events.push(LinkEvent::Delivered {
                     device: self.device,
                     id: delivery.id,
                     at: delivery.at,
@@ -787,38 +858,67 @@ impl<C: Connector> Device<C> {
         }
     }
 
+    /// The result of order `id`'s request, sent on connection `generation`.
     fn answered(&mut self, id: OrderId, generation: u64, result: Result<Answer, TransportError>) {
-        let (answer_id, stored) = match result {
-            Ok(Answer::Stored(answer_id)) => (answer_id, true),
-            Ok(Answer::Refused(answer_id)) => (answer_id, false),
-            Err(_) => {
-                // The request failed: if on the current connection, that connection is broken.
-                if generation == self.generation && self.conn.is_some() {
+        match result {
+            Ok(answer) if answer.id() == id => self.answer(answer, generation),
+            // The request failed, or answered another order than the one sent (the connection cannot be
+            // trusted): if on the current connection, that connection is broken.
+            _ => {
+                if self.is_current(generation) {
                     self.drop_connection();
                 }
-                return;
             }
-        };
-        if answer_id != id {
-            // An answer to another order than the one sent: the connection cannot be trusted.
-            if generation == self.generation && self.conn.is_some() {
-                self.drop_connection();
-            }
-            return;
         }
+    }
+
+    /// Answers the current (pipelined) connection read.
+    fn answer_batch(&mut self, batch: Vec<Answer>) {
+        let at = std::time::Instant::now();
+        for answer in batch {
+            self.answer_at(answer, self.generation, at);
+        }
+    }
+
+    fn answer(&mut self, answer: Answer, generation: u64) {
+        self.answer_at(answer, generation, std::time::Instant::now());
+    }
+
+    /// The server's answer to an order, from connection `generation`, taken `at`: reported once.
+    fn answer_at(&mut self, answer: Answer, generation: u64, at: std::time::Instant) {
         if self.is_current(generation) {
             self.proven();
         }
+        let id = answer.id();
         if !self.outstanding.remove(&id) {
             return; // already reported
         }
         self.shared.pending.fetch_sub(1, Ordering::Relaxed);
-        if stored {
-            let _ = self.shared.events.send(LinkEvent::Stored {
+        if let Answer::Stored(id) = answer {
+            self.events.push(LinkEvent::Stored {
                 device: self.device,
                 id,
-                at: std::time::Instant::now(),
+                at,
             });
+        }
+    }
+
+    /// Hand the events gathered since the last wait to the workload, in order (one hand-over for all).
+    fn flush_events(&mut self) {
+        match self.events.len() {
+            0 => {}
+            1 => {
+                let _ = self
+                    .shared
+                    .events
+                    .send(self.events.pop().expect("one event"));
+            }
+            _ => {
+                let _ = self
+                    .shared
+                    .events
+                    .send_all(std::mem::take(&mut self.events));
+            }
         }
     }
 
@@ -846,6 +946,12 @@ impl<C: Connector> Device<C> {
     /// worked, after the back-off if it never answered anything.
     fn drop_connection(&mut self) {
         self.closed = None;
+        // Answers the connection read before it went still count.
+        if let Some(mut answers) = self.answers.take() {
+            while let Ok(batch) = answers.try_recv() {
+                self.answer_batch(batch);
+            }
+        }
         // What the connection read before it went is still delivered.
         if let Some(mut rx) = self.pubsub.deliveries.take() {
             while let Ok(d) = rx.try_recv() {
@@ -860,7 +966,7 @@ impl<C: Connector> Device<C> {
         if let Some(conn) = self.conn.take() {
             self.connector.close(conn);
             self.lost = true;
-            let _ = self.shared.events.send(LinkEvent::Lost {
+            self.events.push(LinkEvent::Lost {
                 device: self.device,
                 at: std::time::Instant::now(),
             });
@@ -875,6 +981,14 @@ impl<C: Connector> Device<C> {
 async fn wait_for(closed: &mut Option<BoxFuture<'static, ()>>) {
     match closed {
         Some(f) => f.await,
+        None => std::future::pending().await,
+    }
+}
+
+/// The next batch of a pipelined connection's answers; `None` when the connection's reader has stopped.
+async fn next_answers(answers: &mut Option<Answers>) -> Option<Vec<Answer>> {
+    match answers {
+        Some(a) => a.recv().await,
         None => std::future::pending().await,
     }
 }

@@ -36,6 +36,10 @@ struct Fake {
     /// Orders sent and not yet answered, now and at most.
     in_flight: AtomicUsize,
     most_in_flight: AtomicUsize,
+    /// Connections are pipelined ([`Connector::answers`]) rather than a request per order.
+    pipelined: bool,
+    /// Pipelined: the next order queued fails (its connection is closed).
+    queue_fails: AtomicBool,
 }
 
 #[derive(Default)]
@@ -53,49 +57,23 @@ struct FakeConn {
     server_gen: usize,
     fake: Arc<Fake>,
     deliveries: Option<Deliveries>,
+    /// Pipelined: where the answers go, and the stream the device takes.
+    answering: mpsc::UnboundedSender<Vec<Answer>>,
+    answers: Option<Answers>,
 }
 
 struct FakeConnector(Arc<Fake>);
 
-impl Connector for FakeConnector {
-    type Conn = FakeConn;
-
-    fn connect(&self, device: u32) -> BoxFuture<'_, Result<FakeConn, TransportError>> {
-        Box::pin(async move {
-            self.0.attempts.fetch_add(1, Ordering::Relaxed);
-            self.0.connected.lock().unwrap().push(device);
-            if self.0.down.load(Ordering::Relaxed) {
-                return Err(TransportError::Protocol("refused".into()));
-            }
-            let server_gen = if self.0.refuse_after_connect.load(Ordering::Relaxed) {
-                usize::MAX
-            } else {
-                self.0.server_gen.load(Ordering::Relaxed)
-            };
-            let (tx, rx) = mpsc::unbounded_channel();
-            self.0
-                .relay
-                .lock()
-                .unwrap()
-                .conns
-                .insert(device, (server_gen, tx));
-            Ok(FakeConn {
-                device,
-                server_gen,
-                fake: self.0.clone(),
-                deliveries: Some(rx),
-            })
-        })
-    }
-
-    fn send_order(
+impl FakeConnector {
+    /// The server's answer to `order` sent on `conn`, once it gives one.
+    fn answer(
         &self,
         conn: &FakeConn,
         order: &Order,
-    ) -> BoxFuture<'static, Result<Answer, TransportError>> {
+    ) -> impl std::future::Future<Output = Result<Answer, TransportError>> + Send + 'static {
         let (fake, gen, id) = (conn.fake.clone(), conn.server_gen, order.id);
         let window = self.window();
-        Box::pin(async move {
+        async move {
             tokio::task::yield_now().await;
             // As a QUIC stream limit: a request beyond the window waits until one is answered.
             loop {
@@ -121,7 +99,78 @@ impl Connector for FakeConnector {
                 return Ok(Answer::Refused(id));
             }
             Ok(Answer::Stored(id))
+        }
+    }
+}
+
+impl Connector for FakeConnector {
+    type Conn = FakeConn;
+
+    fn connect(&self, device: u32) -> BoxFuture<'_, Result<FakeConn, TransportError>> {
+        Box::pin(async move {
+            self.0.attempts.fetch_add(1, Ordering::Relaxed);
+            self.0.connected.lock().unwrap().push(device);
+            if self.0.down.load(Ordering::Relaxed) {
+                return Err(TransportError::Protocol("refused".into()));
+            }
+            let server_gen = if self.0.refuse_after_connect.load(Ordering::Relaxed) {
+                usize::MAX
+            } else {
+                self.0.server_gen.load(Ordering::Relaxed)
+            };
+            let (tx, rx) = mpsc::unbounded_channel();
+            self.0
+                .relay
+                .lock()
+                .unwrap()
+                .conns
+                .insert(device, (server_gen, tx));
+            let (answering, answers) = mpsc::unbounded_channel();
+            Ok(FakeConn {
+                device,
+                server_gen,
+                fake: self.0.clone(),
+                deliveries: Some(rx),
+                answering,
+                answers: Some(answers),
+            })
         })
+    }
+
+    fn send_order(
+        &self,
+        conn: &FakeConn,
+        order: &Order,
+    ) -> BoxFuture<'static, Result<Answer, TransportError>> {
+        assert!(
+            !self.0.pipelined,
+            "a request per order on a pipelined connection"
+        );
+        Box::pin(self.answer(conn, order))
+    }
+
+    fn answers(&self, conn: &mut FakeConn) -> Option<Answers> {
+        match self.0.pipelined {
+            true => conn.answers.take(),
+            false => None,
+        }
+    }
+
+    fn queue_order(&self, conn: &FakeConn, order: &Order) -> Result<(), TransportError> {
+        assert!(
+            self.0.pipelined,
+            "a pipelined order on a connection that is not"
+        );
+        if self.0.queue_fails.swap(false, Ordering::Relaxed) {
+            return Err(TransportError::Protocol("connection closed".into()));
+        }
+        let (answer, answering) = (self.answer(conn, order), conn.answering.clone());
+        tokio::spawn(async move {
+            if let Ok(answer) = answer.await {
+                let _ = answering.send(vec![answer]);
+            }
+        });
+        Ok(())
     }
 
     fn window(&self) -> usize {
@@ -210,6 +259,14 @@ impl Connector for FakeConnector {
 }
 
 impl Fake {
+    /// A server whose connections are pipelined or not.
+    fn new(pipelined: bool) -> Arc<Fake> {
+        Arc::new(Fake {
+            pipelined,
+            ..Fake::default()
+        })
+    }
+
     fn live(&self, gen: usize) -> bool {
         gen == self.server_gen.load(Ordering::Relaxed)
     }
@@ -258,6 +315,28 @@ impl MinLevel for QoS {
     }
 }
 
+/// Tests of orders, each run twice: `per_request` (a request per order, [`Connector::send_order`]) and `pipelined`
+/// ([`Connector::answers`]); the body sees which as `pipelined`.
+macro_rules! both_ways {
+    ($(async fn $name:ident($pipelined:ident) $body:block)*) => {$(
+        mod $name {
+            use super::*;
+
+            #[tokio::test(start_paused = true)]
+            async fn per_request() {
+                run(false).await
+            }
+
+            #[tokio::test(start_paused = true)]
+            async fn pipelined() {
+                run(true).await
+            }
+
+            async fn run($pipelined: bool) $body
+        }
+    )*};
+}
+
 fn order(sender: u64, seq: u64) -> Order {
     Order {
         id: OrderId {
@@ -300,26 +379,27 @@ fn fleet(
     (fleet, rx)
 }
 
-#[tokio::test(start_paused = true)]
-async fn orders_are_stored_once_and_connections_reused() {
-    let fake = Arc::new(Fake::default());
-    let (fleet, mut rx) = fleet(&fake, 3);
-    fleet.connect(1).await.unwrap();
-    for seq in 0..5 {
-        for dev in 0..3 {
-            fleet.send(dev, order(u64::from(dev), seq));
+both_ways! {
+    async fn orders_are_stored_once_and_connections_reused(pipelined) {
+        let fake = Fake::new(pipelined);
+        let (fleet, mut rx) = fleet(&fake, 3);
+        fleet.connect(1).await.unwrap();
+        for seq in 0..5 {
+            for dev in 0..3 {
+                fleet.send(dev, order(u64::from(dev), seq));
+            }
         }
+        let ids = stored_events(&mut rx, 15).await;
+        assert_eq!(ids.len(), 15);
+        assert_eq!(fleet.pending(), 0);
+        let c = fleet.shared.counters.snapshot();
+        assert_eq!((c.handshakes, c.reconnects, c.resent_reconnect), (3, 0, 0));
+        assert_eq!(fake.attempts.load(Ordering::Relaxed), 3);
+        fleet.send(99, order(99, 0)); // no such device: ignored
+        assert_eq!(fleet.pending(), 0);
+        assert!(fleet.connect(99).await.is_err());
+        fleet.close().await;
     }
-    let ids = stored_events(&mut rx, 15).await;
-    assert_eq!(ids.len(), 15);
-    assert_eq!(fleet.pending(), 0);
-    let c = fleet.shared.counters.snapshot();
-    assert_eq!((c.handshakes, c.reconnects, c.resent_reconnect), (3, 0, 0));
-    assert_eq!(fake.attempts.load(Ordering::Relaxed), 3);
-    fleet.send(99, order(99, 0)); // no such device: ignored
-    assert_eq!(fleet.pending(), 0);
-    assert!(fleet.connect(99).await.is_err());
-    fleet.close().await;
 }
 
 #[tokio::test(start_paused = true)]
@@ -357,128 +437,132 @@ async fn a_slice_of_devices_keeps_their_numbers() {
     fleet.close().await;
 }
 
-#[tokio::test(start_paused = true)]
-async fn an_unanswered_order_goes_again_on_a_new_connection() {
-    let fake = Arc::new(Fake::default());
-    let (fleet, mut rx) = fleet(&fake, 1);
-    fleet.send(0, order(0, 0));
-    stored_events(&mut rx, 1).await;
-    // The connection has answered before; now it stalls: after 1 s the order goes again on a new one.
-    fake.stall.store(true, Ordering::Relaxed);
-    fleet.send(0, order(0, 1));
-    tokio::time::sleep(Duration::from_millis(900)).await;
-    assert_eq!(fleet.shared.counters.snapshot().reconnects, 0);
-    tokio::time::sleep(Duration::from_millis(200)).await;
-    let c = fleet.shared.counters.snapshot();
-    assert_eq!((c.reconnects, c.resent_reconnect), (1, 1), "{c:?}");
-    assert_eq!(fleet.pending(), 1);
-    fake.stall.store(false, Ordering::Relaxed);
-    // The new connection has not answered yet, so it gets the connect timeout (10 s) rather than 1 s; the
-    // order, sent on it while stalled, goes again on a third connection after that.
-    tokio::time::sleep(Duration::from_secs(5)).await;
-    assert_eq!(fleet.shared.counters.snapshot().reconnects, 1);
-    assert_eq!(stored_events(&mut rx, 1).await, vec![order(0, 1).id]);
-    let c = fleet.shared.counters.snapshot();
-    assert_eq!(
-        (c.handshakes, c.reconnects, c.resent_reconnect),
-        (3, 2, 2),
-        "{c:?}"
-    );
-    assert_eq!(fleet.pending(), 0);
-    fleet.close().await;
-}
-
-#[tokio::test(start_paused = true)]
-async fn a_backlog_deeper_than_the_window_waits_in_the_device_without_timing_out() {
-    // 400 orders, 4 at a time, 20 ms each: 2 s to answer them all, twice the answer timeout. Each order's timeout
-    // counts from when it is sent, so nothing is sent again and the connection is kept.
-    let fake = Arc::new(Fake::default());
-    fake.window.store(4, Ordering::Relaxed);
-    fake.answer_ms.store(20, Ordering::Relaxed);
-    let (fleet, mut rx) = fleet(&fake, 1);
-    for seq in 0..400 {
-        fleet.send(0, order(0, seq));
-    }
-    let ids = stored_events(&mut rx, 400).await;
-    let in_order: Vec<u64> = ids.iter().map(|id| id.seq).collect();
-    assert!(
-        in_order.windows(2).all(|w| w[0] < w[1] + 4),
-        "sent in the order made"
-    );
-    assert_eq!(fake.most_in_flight.load(Ordering::Relaxed), 4);
-    let c = fleet.shared.counters.snapshot();
-    assert_eq!(
-        (c.handshakes, c.reconnects, c.resent_reconnect),
-        (1, 0, 0),
-        "{c:?}"
-    );
-    assert!(fake.stored.lock().unwrap().values().all(|&n| n == 1));
-    fleet.close().await;
-}
-
-#[tokio::test(start_paused = true)]
-async fn a_restarted_server_gets_every_order_again_and_each_is_reported_once() {
-    let fake = Arc::new(Fake::default());
-    let (fleet, mut rx) = fleet(&fake, 4);
-    for dev in 0..4 {
-        fleet.send(dev, order(u64::from(dev), 0));
-    }
-    stored_events(&mut rx, 4).await;
-    // The server dies: connections break, nothing is answered, attempts fail for a while.
-    fake.down.store(true, Ordering::Relaxed);
-    fake.server_gen.fetch_add(1, Ordering::Relaxed);
-    for dev in 0..4 {
-        fleet.send(dev, order(u64::from(dev), 1));
-    }
-    tokio::time::sleep(Duration::from_secs(3)).await;
-    let attempts = fake.attempts.load(Ordering::Relaxed);
-    // Back-off: 3 s of failures cost each device about 100+200+400+800+1000 ms worth of attempts, not hundreds.
-    assert!(attempts < 4 * 10, "{attempts} attempts");
-    fake.down.store(false, Ordering::Relaxed);
-    let ids = stored_events(&mut rx, 4).await;
-    assert!(ids.iter().all(|id| id.seq == 1));
-    assert_eq!(fleet.pending(), 0);
-    let c = fleet.shared.counters.snapshot();
-    assert_eq!(c.reconnects, 4);
-    // No Stored event twice, even though the fake may have stored some orders twice.
-    tokio::time::sleep(Duration::from_secs(5)).await;
-    while let Ok(event) = rx.try_recv() {
-        assert!(
-            matches!(event, LinkEvent::Connected { .. } | LinkEvent::Lost { .. }),
-            "{event:?}"
+both_ways! {
+    async fn an_unanswered_order_goes_again_on_a_new_connection(pipelined) {
+        let fake = Fake::new(pipelined);
+        let (fleet, mut rx) = fleet(&fake, 1);
+        fleet.send(0, order(0, 0));
+        stored_events(&mut rx, 1).await;
+        // The connection has answered before; now it stalls: after 1 s the order goes again on a new one.
+        fake.stall.store(true, Ordering::Relaxed);
+        fleet.send(0, order(0, 1));
+        tokio::time::sleep(Duration::from_millis(900)).await;
+        assert_eq!(fleet.shared.counters.snapshot().reconnects, 0);
+        tokio::time::sleep(Duration::from_millis(200)).await;
+        let c = fleet.shared.counters.snapshot();
+        assert_eq!((c.reconnects, c.resent_reconnect), (1, 1), "{c:?}");
+        assert_eq!(fleet.pending(), 1);
+        fake.stall.store(false, Ordering::Relaxed);
+        // The new connection has not answered yet, so it gets the connect timeout (10 s) rather than 1 s; the
+        // order, sent on it while stalled, goes again on a third connection after that.
+        tokio::time::sleep(Duration::from_secs(5)).await;
+        assert_eq!(fleet.shared.counters.snapshot().reconnects, 1);
+        assert_eq!(stored_events(&mut rx, 1).await, vec![order(0, 1).id]);
+        let c = fleet.shared.counters.snapshot();
+        assert_eq!(
+            (c.handshakes, c.reconnects, c.resent_reconnect),
+            (3, 2, 2),
+            "{c:?}"
         );
+        assert_eq!(fleet.pending(), 0);
+        fleet.close().await;
     }
-    fleet.close().await;
 }
 
-#[tokio::test(start_paused = true)]
-async fn a_link_closed_on_request_stays_closed_until_asked_again() {
-    let fake = Arc::new(Fake::default());
-    let (fleet, mut rx) = fleet(&fake, 1);
-    fleet.connect(0).await.unwrap();
-    fleet.send(0, order(0, 0));
-    stored_events(&mut rx, 1).await;
-    // An order handed over and then abandoned by the disconnect is no longer pending.
-    fake.stall.store(true, Ordering::Relaxed);
-    fleet.send(0, order(0, 1));
-    fleet.disconnect(0).await.unwrap();
-    assert_eq!(fleet.pending(), 0);
-    fake.stall.store(false, Ordering::Relaxed);
-    // Nothing reconnects on its own: a closed link is not a lost one.
-    tokio::time::sleep(Duration::from_secs(5)).await;
-    assert_eq!(fake.attempts.load(Ordering::Relaxed), 1);
-    // Asked again, the device opens a new link with a new handshake, which is not a reconnect.
-    fleet.connect(0).await.unwrap();
-    fleet.send(0, order(0, 2));
-    assert_eq!(stored_events(&mut rx, 1).await, vec![order(0, 2).id]);
-    let c = fleet.shared.counters.snapshot();
-    assert_eq!(
-        (c.handshakes, c.reconnects, c.resent_reconnect),
-        (2, 0, 0),
-        "{c:?}"
-    );
-    assert!(fleet.disconnect(7).await.is_err());
-    fleet.close().await;
+both_ways! {
+    async fn a_backlog_deeper_than_the_window_waits_in_the_device_without_timing_out(pipelined) {
+        // 400 orders, 4 at a time, 20 ms each: 2 s to answer them all, twice the answer timeout. Each order's timeout
+        // counts from when it is sent, so nothing is sent again and the connection is kept.
+        let fake = Fake::new(pipelined);
+        fake.window.store(4, Ordering::Relaxed);
+        fake.answer_ms.store(20, Ordering::Relaxed);
+        let (fleet, mut rx) = fleet(&fake, 1);
+        for seq in 0..400 {
+            fleet.send(0, order(0, seq));
+        }
+        let ids = stored_events(&mut rx, 400).await;
+        let in_order: Vec<u64> = ids.iter().map(|id| id.seq).collect();
+        assert!(
+            in_order.windows(2).all(|w| w[0] < w[1] + 4),
+            "sent in the order made"
+        );
+        assert_eq!(fake.most_in_flight.load(Ordering::Relaxed), 4);
+        let c = fleet.shared.counters.snapshot();
+        assert_eq!(
+            (c.handshakes, c.reconnects, c.resent_reconnect),
+            (1, 0, 0),
+            "{c:?}"
+        );
+        assert!(fake.stored.lock().unwrap().values().all(|&n| n == 1));
+        fleet.close().await;
+    }
+}
+
+both_ways! {
+    async fn a_restarted_server_gets_every_order_again_and_each_is_reported_once(pipelined) {
+        let fake = Fake::new(pipelined);
+        let (fleet, mut rx) = fleet(&fake, 4);
+        for dev in 0..4 {
+            fleet.send(dev, order(u64::from(dev), 0));
+        }
+        stored_events(&mut rx, 4).await;
+        // The server dies: connections break, nothing is answered, attempts fail for a while.
+        fake.down.store(true, Ordering::Relaxed);
+        fake.server_gen.fetch_add(1, Ordering::Relaxed);
+        for dev in 0..4 {
+            fleet.send(dev, order(u64::from(dev), 1));
+        }
+        tokio::time::sleep(Duration::from_secs(3)).await;
+        let attempts = fake.attempts.load(Ordering::Relaxed);
+        // Back-off: 3 s of failures cost each device about 100+200+400+800+1000 ms worth of attempts, not hundreds.
+        assert!(attempts < 4 * 10, "{attempts} attempts");
+        fake.down.store(false, Ordering::Relaxed);
+        let ids = stored_events(&mut rx, 4).await;
+        assert!(ids.iter().all(|id| id.seq == 1));
+        assert_eq!(fleet.pending(), 0);
+        let c = fleet.shared.counters.snapshot();
+        assert_eq!(c.reconnects, 4);
+        // No Stored event twice, even though the fake may have stored some orders twice.
+        tokio::time::sleep(Duration::from_secs(5)).await;
+        while let Ok(event) = rx.try_recv() {
+            assert!(
+                matches!(event, LinkEvent::Connected { .. } | LinkEvent::Lost { .. }),
+                "{event:?}"
+            );
+        }
+        fleet.close().await;
+    }
+}
+
+both_ways! {
+    async fn a_link_closed_on_request_stays_closed_until_asked_again(pipelined) {
+        let fake = Fake::new(pipelined);
+        let (fleet, mut rx) = fleet(&fake, 1);
+        fleet.connect(0).await.unwrap();
+        fleet.send(0, order(0, 0));
+        stored_events(&mut rx, 1).await;
+        // An order handed over and then abandoned by the disconnect is no longer pending.
+        fake.stall.store(true, Ordering::Relaxed);
+        fleet.send(0, order(0, 1));
+        fleet.disconnect(0).await.unwrap();
+        assert_eq!(fleet.pending(), 0);
+        fake.stall.store(false, Ordering::Relaxed);
+        // Nothing reconnects on its own: a closed link is not a lost one.
+        tokio::time::sleep(Duration::from_secs(5)).await;
+        assert_eq!(fake.attempts.load(Ordering::Relaxed), 1);
+        // Asked again, the device opens a new link with a new handshake, which is not a reconnect.
+        fleet.connect(0).await.unwrap();
+        fleet.send(0, order(0, 2));
+        assert_eq!(stored_events(&mut rx, 1).await, vec![order(0, 2).id]);
+        let c = fleet.shared.counters.snapshot();
+        assert_eq!(
+            (c.handshakes, c.reconnects, c.resent_reconnect),
+            (2, 0, 0),
+            "{c:?}"
+        );
+        assert!(fleet.disconnect(7).await.is_err());
+        fleet.close().await;
+    }
 }
 
 #[tokio::test(start_paused = true)]
@@ -497,14 +581,39 @@ async fn a_goodbye_the_server_ignores_is_an_error_and_the_link_is_closed_all_the
     fleet.close().await;
 }
 
+both_ways! {
+    async fn refused_orders_are_not_pending_and_not_reported(pipelined) {
+        let fake = Fake::new(pipelined);
+        let (fleet, mut rx) = fleet(&fake, 1);
+        fleet.send(0, order(666, 0));
+        fleet.send(0, order(0, 1));
+        assert_eq!(stored_events(&mut rx, 1).await, vec![order(0, 1).id]);
+        tokio::time::sleep(Duration::from_millis(10)).await;
+        assert_eq!(fleet.pending(), 0);
+        fleet.close().await;
+    }
+}
+
 #[tokio::test(start_paused = true)]
-async fn refused_orders_are_not_pending_and_not_reported() {
-    let fake = Arc::new(Fake::default());
+async fn a_pipelined_order_that_cannot_be_queued_goes_again_on_a_new_connection() {
+    let fake = Fake::new(true);
     let (fleet, mut rx) = fleet(&fake, 1);
-    fleet.send(0, order(666, 0));
-    fleet.send(0, order(0, 1));
-    assert_eq!(stored_events(&mut rx, 1).await, vec![order(0, 1).id]);
-    tokio::time::sleep(Duration::from_millis(10)).await;
+    fleet.send(0, order(0, 0));
+    stored_events(&mut rx, 1).await;
+    fake.queue_fails.store(true, Ordering::Relaxed);
+    for seq in 1..4 {
+        fleet.send(0, order(0, seq));
+    }
+    let mut stored: Vec<u64> = stored_events(&mut rx, 3)
+        .await
+        .iter()
+        .map(|id| id.seq)
+        .collect();
+    stored.sort_unstable();
+    assert_eq!(stored, [1, 2, 3]);
+    let c = fleet.shared.counters.snapshot();
+    assert_eq!((c.handshakes, c.reconnects), (2, 1), "{c:?}");
+    assert!(fake.stored.lock().unwrap().values().all(|&n| n == 1));
     assert_eq!(fleet.pending(), 0);
     fleet.close().await;
 }
