@@ -10,6 +10,14 @@
 //! packet identifier it was first sent with, and an order sent again (on a new connection, after a drop or an
 //! unanswered second) goes with DUP set and its original identifier [MQTT-3.3.1-1, MQTT-4.4.0-1].
 //!
+//! # What a connection costs per order
+//!
+//! Orders are pipelined ([`Connector::answers`]): the device encodes each PUBLISH straight into the connection's
+//! outgoing buffer, which the writer task takes whole (one write, one TLS record batch, for all that were queued
+//! meanwhile), and the reader looks up every PUBACK of one read under one lock of the device's packet identifiers
+//! and hands their orders to the device as one batch. Nothing is allocated, spawned or awaited per order: no future,
+//! no channel message, no waiter. Subscriptions and published messages, which are few, each wait for their answer.
+//!
 //! # Pipelining (`mqtt:early`)
 //!
 //! By default a device waits for CONNACK before it sends anything else. Pipelining, it queues CONNECT the moment
@@ -32,21 +40,21 @@ use crate::codec::{
     encode_publish, encode_publish_head, read_packet, ConnAck, Connect, ConnectReturnCode,
     DecodeError, EncodeError, Packet, PacketId, QoS, Subscribe, SubscribeReturnCode,
 };
-use bytes::{Bytes, BytesMut};
+use bytes::BytesMut;
 // The per-order maps hash with foldhash, not std's SipHash: a device looks each order up several times, and the
 // keys are the generator's own (no one else chooses them).
-use foldhash::{HashMap, HashSet};
+use foldhash::HashMap;
 use std::net::SocketAddr;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt, ReadHalf, WriteHalf};
 use tokio::net::{TcpSocket, TcpStream};
-use tokio::sync::{mpsc, oneshot, watch};
+use tokio::sync::{mpsc, oneshot, watch, Notify};
 use tokio::task::AbortHandle;
 use tokio_rustls::client::TlsStream;
 use tokio_rustls::TlsConnector;
-use transport_conn::fleet::{self, Answer, Connector, Deliveries, Delivery, SubAck};
+use transport_conn::fleet::{self, Answer, Answers, Connector, Deliveries, Delivery, SubAck};
 use transport_core::counters::Counters;
 use transport_core::framing::{encode_order_body, order_body_len};
 use transport_core::net::fast_open;
@@ -226,7 +234,11 @@ enum Use {
 struct DeviceIds {
     last: u16,
     by_use: HashMap<Use, PacketId>,
-    in_use: HashSet<u16>,
+    in_use: HashMap<u16, Use>,
+    /// The device's live connection (a number of the connector's): only its reader takes orders' identifiers
+    /// back. A PUBACK read late on an older connection cannot then release an identifier that the order's
+    /// resend on the new connection still waits on.
+    owner: u64,
 }
 
 impl DeviceIds {
@@ -241,7 +253,9 @@ impl DeviceIds {
         loop {
             self.last = self.last.wrapping_add(1);
             if let Some(p) = PacketId::new(self.last) {
-                if self.in_use.insert(p.get()) {
+                if let std::collections::hash_map::Entry::Vacant(slot) = self.in_use.entry(p.get())
+                {
+                    slot.insert(what);
                     self.by_use.insert(what, p);
                     return Some((p, false));
                 }
@@ -253,6 +267,20 @@ impl DeviceIds {
         if let Some(p) = self.by_use.remove(what) {
             self.in_use.remove(&p.get());
         }
+    }
+
+    /// Acknowledged on connection `conn`: if `id` is an order's and `conn` is the device's live connection, release
+    /// the identifier and say which order it was.
+    fn take_order(&mut self, conn: u64, id: PacketId) -> Option<OrderId> {
+        if conn != self.owner {
+            return None;
+        }
+        let Some(&Use::Order(order)) = self.in_use.get(&id.get()) else {
+            return None;
+        };
+        self.in_use.remove(&id.get());
+        self.by_use.remove(&Use::Order(order));
+        Some(order)
     }
 }
 
@@ -282,6 +310,8 @@ pub struct OrderConnector {
     fast_open: Option<Arc<Counters>>,
     ids: Arc<[Mutex<DeviceIds>]>,
     subscribes: AtomicU64,
+    /// Numbers the connections ([`DeviceIds::owner`]).
+    connections: AtomicU64,
 }
 
 impl OrderConnector {
@@ -298,6 +328,7 @@ impl OrderConnector {
             fast_open: None,
             ids,
             subscribes: AtomicU64::new(0),
+            connections: AtomicU64::new(0),
         }
     }
 
@@ -314,19 +345,23 @@ impl OrderConnector {
         self
     }
 
+    /// The packet identifiers of device `device`.
+    fn device_ids(&self, device: u32) -> Result<&Mutex<DeviceIds>, TransportError> {
+        self.ids
+            .get(device as usize)
+            .ok_or_else(|| TransportError::Config(format!("no device {device}")))
+    }
+
     /// Reserve a packet identifier of `conn`'s device for `what`, and check the connection is open.
     fn packet_id(&self, conn: &OrderConn, what: Use) -> Result<(PacketId, bool), TransportError> {
         if *conn.closed.borrow() {
             return Err(TransportError::Protocol("connection closed".into()));
         }
-        let device = conn.device as usize;
-        let slot = self
-            .ids
-            .get(device)
-            .ok_or_else(|| TransportError::Config(format!("no device {device}")))?;
-        lock(slot).for_use(what).ok_or_else(|| {
-            TransportError::Protocol("65535 packet identifiers in use on one device".into())
-        })
+        lock(self.device_ids(conn.device)?)
+            .for_use(what)
+            .ok_or_else(|| {
+                TransportError::Protocol("65535 packet identifiers in use on one device".into())
+            })
     }
 
     /// Wait for the answer to the packet with identifier `id`, queued as `frame`; the identifier is released
@@ -336,11 +371,11 @@ impl OrderConnector {
         conn: &OrderConn,
         what: Use,
         id: PacketId,
-        frame: Bytes,
+        frame: BytesMut,
     ) -> impl std::future::Future<Output = Result<Reply, TransportError>> + Send + 'static {
         let (tx, rx) = oneshot::channel();
         lock(&conn.waiters).insert(id, tx);
-        let sent = conn.send(frame, None);
+        let sent = conn.outbox.push(&frame, None);
         let ids = self.ids.clone();
         let device = conn.device as usize;
         async move {
@@ -365,40 +400,93 @@ enum Reply {
 
 type Waiters = Arc<Mutex<HashMap<PacketId, oneshot::Sender<Reply>>>>;
 
-/// Bytes to write, and who waits for them to be written (a QoS 0 publish).
-struct Outgoing {
-    bytes: Bytes,
-    written: Option<oneshot::Sender<()>>,
+/// A connection's outgoing bytes: packets are encoded into it where they are made, and the writer task takes all
+/// that is there at once.
+#[derive(Default)]
+struct Outbox {
+    queued: Mutex<Queued>,
+    /// Told when bytes arrive in an empty outbox, or when it closes.
+    ready: Notify,
 }
 
-/// One device's live MQTT connection: a reader task resolving PUBACKs and SUBACKs and handing deliveries over, a
-/// writer task, both stopped on drop.
+#[derive(Default)]
+struct Queued {
+    bytes: BytesMut,
+    /// Who waits for their bytes to be written (a QoS 0 publish).
+    written: Vec<oneshot::Sender<()>>,
+    /// The connection is over: nothing more is taken.
+    closed: bool,
+}
+
+impl Outbox {
+    /// Queue what `encode` writes, then tell `written` (if any) once it is on the wire. Nothing is queued if it
+    /// fails, or if the connection is closed.
+    fn queue(
+        &self,
+        encode: impl FnOnce(&mut BytesMut) -> Result<(), EncodeError>,
+        written: Option<oneshot::Sender<()>>,
+    ) -> Result<(), TransportError> {
+        let mut queued = lock(&self.queued);
+        if queued.closed {
+            return Err(TransportError::Protocol("connection closed".into()));
+        }
+        let was_empty = queued.bytes.is_empty();
+        let len = queued.bytes.len();
+        if let Err(e) = encode(&mut queued.bytes) {
+            queued.bytes.truncate(len);
+            return Err(TransportError::Protocol(e.to_string()));
+        }
+        queued.written.extend(written);
+        drop(queued);
+        if was_empty {
+            self.ready.notify_one();
+        }
+        Ok(())
+    }
+
+    /// Queue bytes already encoded.
+    fn push(
+        &self,
+        bytes: &[u8],
+        written: Option<oneshot::Sender<()>>,
+    ) -> Result<(), TransportError> {
+        self.queue(
+            |out| {
+                out.extend_from_slice(bytes);
+                Ok(())
+            },
+            written,
+        )
+    }
+
+    /// Take nothing more (the connection is over).
+    fn close(&self) {
+        let mut queued = lock(&self.queued);
+        queued.closed = true;
+        queued.written.clear();
+        drop(queued);
+        self.ready.notify_one();
+    }
+}
+
+/// One device's live MQTT connection: a reader task resolving PUBACKs and SUBACKs and handing answers and
+/// deliveries over, a writer task, both stopped on drop.
 pub struct OrderConn {
     device: u32,
     /// Whether its TLS handshake resumed a session.
     resumed: bool,
     topic: String,
-    out: mpsc::UnboundedSender<Outgoing>,
+    outbox: Arc<Outbox>,
     waiters: Waiters,
     closed: watch::Receiver<bool>,
+    answers: Option<Answers>,
     deliveries: Option<Deliveries>,
     tasks: [AbortHandle; 2],
 }
 
-impl OrderConn {
-    fn send(
-        &self,
-        bytes: Bytes,
-        written: Option<oneshot::Sender<()>>,
-    ) -> Result<(), TransportError> {
-        self.out
-            .send(Outgoing { bytes, written })
-            .map_err(|_| TransportError::Protocol("connection closed".into()))
-    }
-}
-
 impl Drop for OrderConn {
     fn drop(&mut self) {
+        self.outbox.close();
         for t in &self.tasks {
             t.abort();
         }
@@ -445,27 +533,31 @@ impl Connector for OrderConnector {
             let (rd, wr) = tokio::io::split(io);
             let waiters: Waiters = Arc::default();
             let (closed_tx, closed) = watch::channel(false);
-            let (out, out_rx) = mpsc::unbounded_channel();
+            let outbox = Arc::new(Outbox::default());
             let (delivered, deliveries) = mpsc::unbounded_channel();
+            let (answering, answers) = mpsc::unbounded_channel();
             let keep_alive = Duration::from_secs(u64::from(self.keep_alive));
-            if !first.is_empty() {
-                let _ = out.send(Outgoing {
-                    bytes: first.freeze(),
-                    written: None,
-                });
-            }
+            outbox.push(&first, None)?;
+            // This connection is now the device's: only its reader releases the device's orders' identifiers.
+            let number = self.connections.fetch_add(1, Ordering::Relaxed) + 1;
+            let ids = self.device_ids(device)?;
+            lock(ids).owner = number;
             let reader = tokio::spawn(read_acks(
                 rd,
                 leftover,
                 Acks {
                     waiters: waiters.clone(),
                     closed: closed_tx,
-                    out: out.clone(),
+                    outbox: outbox.clone(),
+                    ids: self.ids.clone(),
+                    device: device as usize,
+                    conn: number,
+                    answers: answering,
                     deliveries: delivered,
                     connack_due: self.early,
                 },
             ));
-            let writer = tokio::spawn(write_packets(wr, out_rx, keep_alive));
+            let writer = tokio::spawn(write_packets(wr, outbox.clone(), keep_alive));
             Ok(OrderConn {
                 device,
                 resumed,
@@ -474,46 +566,39 @@ impl Connector for OrderConnector {
                     crate::broker::connection::ORDERS_PREFIX,
                     device_name(device)
                 ),
-                out,
+                outbox,
                 waiters,
                 closed,
+                answers: Some(answers),
                 deliveries: Some(deliveries),
                 tasks: [reader.abort_handle(), writer.abort_handle()],
             })
         })
     }
 
-    fn send_order(
-        &self,
-        conn: &OrderConn,
-        order: &Order,
-    ) -> BoxFuture<'static, Result<Answer, TransportError>> {
-        let id = order.id;
-        let what = Use::Order(id);
-        let prepared = (|| -> Result<_, TransportError> {
-            let (packet_id, dup) = self.packet_id(conn, what)?;
-            // One buffer: the PUBLISH's head, then the order's body written in place.
-            let body = order_body_len(order);
-            let mut frame = BytesMut::with_capacity(body + conn.topic.len() + 9);
-            encode_publish_head(
-                &mut frame,
-                dup,
-                QoS::AtLeastOnce,
-                false,
-                &conn.topic,
-                Some(packet_id),
-                body,
-            )
-            .map_err(|e| TransportError::Protocol(e.to_string()))?;
-            encode_order_body(order, &mut frame);
-            Ok(self.request(conn, what, packet_id, frame.freeze()))
-        })();
-        Box::pin(async move {
-            match prepared?.await? {
-                Reply::PubAck => Ok(Answer::Stored(id)),
-                other => Err(TransportError::Protocol(format!("{other:?} for an order"))),
-            }
-        })
+    fn answers(&self, conn: &mut OrderConn) -> Option<Answers> {
+        conn.answers.take()
+    }
+
+    fn queue_order(&self, conn: &OrderConn, order: &Order) -> Result<(), TransportError> {
+        let (packet_id, dup) = self.packet_id(conn, Use::Order(order.id))?;
+        // The PUBLISH's head, then the order's body, written in place in the connection's outgoing bytes.
+        conn.outbox.queue(
+            |out| {
+                encode_publish_head(
+                    out,
+                    dup,
+                    QoS::AtLeastOnce,
+                    false,
+                    &conn.topic,
+                    Some(packet_id),
+                    order_body_len(order),
+                )?;
+                encode_order_body(order, out);
+                Ok(())
+            },
+            None,
+        )
     }
 
     fn subscribe(
@@ -532,7 +617,7 @@ impl Connector for OrderConnector {
             })
             .encode(&mut frame)
             .map_err(|e| TransportError::Protocol(e.to_string()))?;
-            Ok(self.request(conn, what, packet_id, frame.freeze()))
+            Ok(self.request(conn, what, packet_id, frame))
         })();
         Box::pin(async move {
             match prepared?.await? {
@@ -570,10 +655,10 @@ impl Connector for OrderConnector {
             encode_publish(&mut frame, dup, qos, false, &topic, packet_id, &payload)
                 .map_err(|e| TransportError::Protocol(e.to_string()))?;
             Ok(match packet_id {
-                Some(id) => Ok(self.request(conn, what, id, frame.freeze())),
+                Some(id) => Ok(self.request(conn, what, id, frame)),
                 None => {
                     let (tx, rx) = oneshot::channel();
-                    conn.send(frame.freeze(), Some(tx))?;
+                    conn.outbox.push(&frame, Some(tx))?;
                     Err(rx)
                 }
             })
@@ -611,11 +696,10 @@ impl Connector for OrderConnector {
     /// first, and then closes its own side [MQTT-3.14.4-1]. A broker that has not closed within
     /// [`SERVER_CLOSE_WAIT`] is an error, and the connection is closed from this side all the same.
     fn disconnect(&self, conn: OrderConn) -> BoxFuture<'static, Result<(), TransportError>> {
-        let mut frame = BytesMut::with_capacity(2);
-        let queued = Packet::Disconnect
-            .encode(&mut frame)
-            .ok()
-            .and_then(|()| conn.send(frame.freeze(), None).ok());
+        let queued = conn
+            .outbox
+            .queue(|out| Packet::Disconnect.encode(out), None)
+            .ok();
         Box::pin(async move {
             if queued.is_none() {
                 return Err(TransportError::Protocol(
@@ -643,25 +727,36 @@ pub const SERVER_CLOSE_WAIT: Duration = Duration::from_secs(5);
 struct Acks {
     waiters: Waiters,
     closed: watch::Sender<bool>,
-    out: mpsc::UnboundedSender<Outgoing>,
+    outbox: Arc<Outbox>,
+    /// Every device's packet identifiers, this connection's device, and this connection's number.
+    ids: Arc<[Mutex<DeviceIds>]>,
+    device: usize,
+    conn: u64,
+    answers: mpsc::UnboundedSender<Vec<Answer>>,
     deliveries: mpsc::UnboundedSender<Delivery>,
     /// CONNECT was sent without waiting: its CONNACK must be the first packet.
     connack_due: bool,
 }
 
-/// Resolve the waiter of each PUBACK and SUBACK; hand each PUBLISH to a `bench/` topic to the fleet, then
-/// acknowledge it if it is QoS 1; mark the connection closed at the end (dropping every waiter, so the requests on
-/// it fail and are sent again on a new connection). Pipelining, the first packet must be an accepting CONNACK.
+/// Hand the orders of each read's PUBACKs to the device as one batch, and resolve the waiter of every other PUBACK
+/// and SUBACK; hand each PUBLISH to a `bench/` topic to the fleet, then acknowledge it if it is QoS 1; mark the
+/// connection closed at the end (dropping every waiter and the answers, so the device knows and sends again on a new
+/// connection what was not answered). Pipelining after CONNECT, the first packet must be an accepting CONNACK.
 async fn read_acks<R: AsyncRead + Unpin>(mut rd: ReadHalf<R>, mut buf: BytesMut, acks_to: Acks) {
     let Acks {
         waiters,
         closed,
-        out,
+        outbox,
+        ids,
+        device,
+        conn,
+        answers,
         deliveries,
         mut connack_due,
     } = acks_to;
     let mut at = std::time::Instant::now();
-    // The answers of one read, resolved under one lock of the waiters.
+    // The PUBACKs and other answers of one read, resolved under one lock of the identifiers and the waiters.
+    let mut pubacks: Vec<PacketId> = Vec::new();
     let mut replies: Vec<(PacketId, Reply)> = Vec::new();
     'read: loop {
         let mut acks = BytesMut::new();
@@ -678,7 +773,10 @@ async fn read_acks<R: AsyncRead + Unpin>(mut rd: ReadHalf<R>, mut buf: BytesMut,
                 }
             }
             let (id, reply) = match read_packet(&mut buf, CLIENT_MAX_PACKET) {
-                Ok(Some(Packet::PubAck(id))) => (id, Reply::PubAck),
+                Ok(Some(Packet::PubAck(id))) => {
+                    pubacks.push(id);
+                    continue;
+                }
                 Ok(Some(Packet::SubAck(ack))) => (ack.packet_id, Reply::SubAck(ack.return_codes)),
                 Ok(Some(Packet::Publish(p))) => {
                     let message = p
@@ -704,12 +802,10 @@ async fn read_acks<R: AsyncRead + Unpin>(mut rd: ReadHalf<R>, mut buf: BytesMut,
             };
             replies.push((id, reply));
         }
+        answer_orders(&ids[device], conn, &mut pubacks, &mut replies, &answers);
         resolve(&waiters, &mut replies);
         if !acks.is_empty() {
-            let _ = out.send(Outgoing {
-                bytes: acks.freeze(),
-                written: None,
-            });
+            let _ = outbox.push(&acks, None);
         }
         match rd.read_buf(&mut buf).await {
             Ok(n) if n > 0 => at = std::time::Instant::now(),
@@ -717,9 +813,37 @@ async fn read_acks<R: AsyncRead + Unpin>(mut rd: ReadHalf<R>, mut buf: BytesMut,
         }
     }
     // Answers read before the connection broke still count.
+    answer_orders(&ids[device], conn, &mut pubacks, &mut replies, &answers);
     resolve(&waiters, &mut replies);
     lock(&waiters).clear();
+    outbox.close();
     let _ = closed.send(true);
+}
+
+/// Hand the orders acknowledged by `pubacks` to the device as one batch (one lock of its identifiers, one message
+/// for all); a PUBACK that is not an order's (a published message's) goes to `replies`.
+fn answer_orders(
+    ids: &Mutex<DeviceIds>,
+    conn: u64,
+    pubacks: &mut Vec<PacketId>,
+    replies: &mut Vec<(PacketId, Reply)>,
+    answers: &mpsc::UnboundedSender<Vec<Answer>>,
+) {
+    if pubacks.is_empty() {
+        return;
+    }
+    let mut stored = Vec::with_capacity(pubacks.len());
+    let mut ids = lock(ids);
+    for id in pubacks.drain(..) {
+        match ids.take_order(conn, id) {
+            Some(order) => stored.push(Answer::Stored(order)),
+            None => replies.push((id, Reply::PubAck)),
+        }
+    }
+    drop(ids);
+    if !stored.is_empty() {
+        let _ = answers.send(stored);
+    }
 }
 
 /// Hand each answer to the request waiting for it.
@@ -735,30 +859,34 @@ fn resolve(waiters: &Waiters, replies: &mut Vec<(PacketId, Reply)>) {
     }
 }
 
-/// Write queued packets, all that are queued in one write, then tell the QoS 0 publishers theirs are written;
-/// PINGREQ after `keep_alive` without sending.
+/// Write what is queued, all of it in one write (the outbox's buffer and this one trade places: nothing is copied
+/// or allocated per write), then tell the QoS 0 publishers theirs are written; PINGREQ after `keep_alive` without
+/// sending. Stops when the outbox closes or a write fails (closing the outbox).
 async fn write_packets<W: AsyncWrite + Unpin>(
     mut wr: WriteHalf<W>,
-    mut rx: mpsc::UnboundedReceiver<Outgoing>,
+    outbox: Arc<Outbox>,
     keep_alive: Duration,
 ) {
     let mut buf = BytesMut::new();
     let mut written = Vec::new();
     loop {
         buf.clear();
-        match tokio::time::timeout(keep_alive, rx.recv()).await {
-            Ok(Some(first)) => {
-                let mut next = Some(first);
-                while let Some(o) = next {
-                    buf.extend_from_slice(&o.bytes);
-                    written.extend(o.written);
-                    next = rx.try_recv().ok();
-                }
+        {
+            let mut queued = lock(&outbox.queued);
+            if queued.closed {
+                break;
             }
-            Ok(None) => break,
-            Err(_) => {
-                let _ = Packet::PingReq.encode(&mut buf);
+            std::mem::swap(&mut queued.bytes, &mut buf);
+            std::mem::swap(&mut queued.written, &mut written);
+        }
+        if buf.is_empty() && written.is_empty() {
+            if tokio::time::timeout(keep_alive, outbox.ready.notified())
+                .await
+                .is_ok()
+            {
+                continue;
             }
+            let _ = Packet::PingReq.encode(&mut buf);
         }
         if wr.write_all(&buf).await.is_err() || wr.flush().await.is_err() {
             break;
@@ -767,5 +895,41 @@ async fn write_packets<W: AsyncWrite + Unpin>(
             let _ = w.send(());
         }
     }
+    outbox.close();
     let _ = wr.shutdown().await;
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn order_id(seq: u64) -> OrderId {
+        OrderId {
+            sender: 1,
+            run: 1,
+            seq,
+        }
+    }
+
+    #[test]
+    fn only_the_live_connection_takes_an_orders_identifier_back() {
+        let mut ids = DeviceIds {
+            owner: 2,
+            ..DeviceIds::default()
+        };
+        let (p, dup) = ids.for_use(Use::Order(order_id(1))).unwrap();
+        assert!(!dup);
+        let (message, _) = ids.for_use(Use::Message(7)).unwrap();
+        // Sent again, an order keeps its identifier (DUP).
+        assert_eq!(ids.for_use(Use::Order(order_id(1))), Some((p, true)));
+        // A PUBACK read late on an earlier connection releases nothing.
+        assert_eq!(ids.take_order(1, p), None);
+        assert_eq!(ids.take_order(2, message), None, "not an order's");
+        assert_eq!(ids.take_order(2, p), Some(order_id(1)));
+        assert_eq!(ids.take_order(2, p), None, "taken once");
+        // Released: the order would get a new identifier, the message keeps its own.
+        assert_eq!(ids.for_use(Use::Message(7)), Some((message, true)));
+        let (q, dup) = ids.for_use(Use::Order(order_id(1))).unwrap();
+        assert!(!dup && q != message);
+    }
 }
