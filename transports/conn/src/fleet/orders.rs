@@ -2,7 +2,8 @@
 //! (amortised): a device may hold hundreds of thousands of orders (a drain's backlog), and a scan of them per answer
 //! would make the load generator, not the server, the thing measured.
 
-use foldhash::{HashMap, HashSet};
+use super::ids::IdSet;
+use foldhash::HashMap;
 use std::collections::VecDeque;
 use tokio::time::Instant;
 use transport_core::{Order, OrderId};
@@ -21,12 +22,13 @@ struct Entry {
 /// Unanswered orders: sent on the current connection or waiting to be.
 ///
 /// Most of a deep backlog has never been sent, so those orders wait in a queue in the order made and only the
-/// orders sent (at most the window, and what a dropped connection left) live in a map by id: the device's work per
-/// order touches one large set (the ids, to take each order once) and otherwise memory that stays in cache.
+/// orders sent (at most the window, and what a dropped connection left) live in a map by id; the set of every
+/// unanswered id (to take each order once) is kept as runs of consecutive seqs ([`IdSet`]): the device's work per
+/// order touches memory that stays in cache.
 #[derive(Default)]
 pub(super) struct Orders {
     /// Every unanswered order's id, sent or not.
-    ids: HashSet<OrderId>,
+    ids: IdSet,
     /// Orders never sent, in the order made; every one was made after every order in `sent`.
     fresh: VecDeque<(u64, Order)>,
     /// Orders sent at least once and not answered.
