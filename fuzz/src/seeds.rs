@@ -142,7 +142,7 @@ fn exchange(
             }
         }
         let (_, replies) = r.take_deliveries();
-        for reply in &replies {
+        for reply in replies {
             r.answer(reply);
         }
         while let Some(to) = r.poll_transmit(now, &mut dg) {

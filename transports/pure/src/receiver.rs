@@ -94,7 +94,7 @@ pub struct ReceiverConfig {
     pub rng: StdRng,
 }
 
-/// The answer to one record, to be sent once its order is stored.
+/// The answer to one order record, or to the orders taken from one bundle, to be sent once they are stored.
 #[derive(Debug, Clone)]
 pub struct Reply {
     to: SocketAddr,
@@ -109,12 +109,13 @@ enum Answering {
         len: u8,
         frame: [u8; wire::ANSWER_HEADER_LEN + TAG_LEN],
     },
-    /// As a seq of an answer bundle to its wire, tagged with the others when the bundle is built (the answer to an
-    /// order of a bundle).
-    Entry {
+    /// As seqs of an answer bundle to its wire, tagged when the bundle is built (the answer to the orders taken
+    /// from one bundle: one reply, and one use of the wire's answer key, for all of them).
+    Bundle {
         wire: WireId,
         key: Option<AnswerKey>,
-        seq: u64,
+        /// The orders' seqs, [`wire::ANSWER_ENTRY_LEN`] bytes each, as the answer bundle carries them.
+        seqs: Vec<u8>,
     },
 }
 
@@ -126,9 +127,8 @@ struct WireId {
     run: u64,
 }
 
-/// Where a frame that opened came from: the datagram's source, the allowed sender whose keys it opened under, its
-/// wire, and whether it was an order of a bundle (answered in an answer bundle) or a record of its own (answered by
-/// an answer frame).
+/// Where a frame that opened came from: the datagram's source, the allowed sender whose keys it opened under, and
+/// its wire.
 #[derive(Debug, Clone, Copy)]
 struct Origin {
     from: SocketAddr,
@@ -139,7 +139,6 @@ struct Origin {
     /// Its public key.
     public: [u8; 32],
     wire: WireId,
-    bundled: bool,
 }
 
 /// What waits to be sent to one address.
@@ -153,12 +152,29 @@ struct Outgoing {
     bundles: Vec<Pending>,
     /// Lists before this one are sent.
     sent: usize,
-    /// The entry buffers of lists sent, for the next lists.
-    spare_entries: Vec<Vec<u8>>,
 }
+
+/// Room for the seqs of a bundle's answer, taken at once: the orders of a full datagram of 64-byte orders.
+const BUNDLE_SEQS: usize = 16 * wire::ANSWER_ENTRY_LEN;
 
 /// Spare [`Outgoing`]s a receiver keeps: as many addresses as one turn answers, about.
 const SPARE_OUTGOING: usize = 1024;
+
+/// Spare buffers of seqs a receiver keeps (a bundle's reply takes one, and it becomes the list of its wire's
+/// answers or goes back): about the bundles of one turn.
+const SPARE_SEQS: usize = 4096;
+
+/// The largest buffer of seqs kept for reuse (a list that grew beyond it is freed), so that the spare buffers hold
+/// at most 16 MiB whatever the lists once were.
+const SPARE_SEQS_CAPACITY: usize = 4096;
+
+/// Keep `seqs`, emptied, for a next bundle's reply, if there is room and it is not oversized.
+fn recycle(spare: &mut Vec<Vec<u8>>, mut seqs: Vec<u8>) {
+    if spare.len() < SPARE_SEQS && seqs.capacity() <= SPARE_SEQS_CAPACITY {
+        seqs.clear();
+        spare.push(seqs);
+    }
+}
 
 /// How many of the newest lists an answer looks through for its wire's: one address is mostly one device, and the
 /// orders of one group come a datagram (so a wire) at a time.
@@ -179,6 +195,26 @@ impl Reply {
     /// Where the answer goes: the source address of the record's datagram.
     pub fn to(&self) -> SocketAddr {
         self.to
+    }
+
+    /// How many of the orders delivered it answers: one for an order record, each order taken from a bundle for a
+    /// bundle's.
+    pub fn orders(&self) -> usize {
+        match &self.answer {
+            Answering::Frame { .. } => 1,
+            Answering::Bundle { seqs, .. } => seqs.len() / wire::ANSWER_ENTRY_LEN,
+        }
+    }
+}
+
+impl Origin {
+    /// The id an order numbered `seq` from this origin is stored under.
+    fn order_id(&self, seq: u64) -> OrderId {
+        OrderId {
+            sender: self.sender_id,
+            run: self.wire.run,
+            seq,
+        }
     }
 }
 
@@ -223,12 +259,10 @@ struct Opened {
     wire: Option<WireKeys>,
 }
 
-/// A frame to take: a record's, or one order of a bundle.
+/// A record to take (not a bundle: its orders are taken one by one, [`Receiver::bundle`]).
 struct Taken {
     op: Op,
     number: u64,
-    /// An order's `made_us` when read already (a bundle's order): `plain` is then its payload alone.
-    made: Option<u64>,
     plain: Vec<u8>,
 }
 
@@ -268,6 +302,8 @@ pub struct Receiver {
     outgoing_order: VecDeque<SocketAddr>,
     /// What was sent to an address, emptied, for the next address: its buffers keep their room.
     spare_outgoing: Vec<Outgoing>,
+    /// Buffers of seqs, emptied, for the next bundles' replies.
+    spare_seqs: Vec<Vec<u8>>,
     /// The number of the next answer bundle: one count for every wire, from a random start, so that no number is
     /// used twice under one answer key (see `docs/pure.md`).
     next_answer_bundle: u64,
@@ -304,6 +340,7 @@ impl Receiver {
             outgoing: HashMap::new(),
             outgoing_order: VecDeque::new(),
             spare_outgoing: Vec::new(),
+            spare_seqs: Vec::new(),
             next_answer_bundle,
         }
     }
@@ -417,16 +454,14 @@ impl Receiver {
                 key_id: r.key_id,
                 run: r.run,
             },
-            bundled: r.op == Op::Bundle,
         };
         if r.op == Op::Bundle {
-            self.bundle(now, &origin, opened);
+            self.bundle(&origin, opened);
             return Ok(());
         }
         let frame = Taken {
             op: r.op,
             number: r.seq,
-            made: None,
             plain: opened.plain,
         };
         let keys = Keys {
@@ -438,33 +473,43 @@ impl Receiver {
 
     /// A bundle that opened: each of its orders is taken as an order record of its seq on the bundle's wire would be,
     /// and counted as one received. A malformed entry ends the walk (counted); the orders before it stand.
-    fn bundle(&mut self, now: Instant, origin: &Origin, opened: Opened) {
-        let keys = Keys {
-            answer: opened.answer,
-            wire: opened.wire,
-        };
+    ///
+    /// The orders taken share one [`Reply`]: their seqs, in the order taken, and the wire's answer key once.
+    fn bundle(&mut self, origin: &Origin, opened: Opened) {
+        let mut seqs = self
+            .spare_seqs
+            .pop()
+            .unwrap_or_else(|| Vec::with_capacity(BUNDLE_SEQS));
         for entry in wire::entries(&opened.plain) {
             let Ok(e) = entry else {
                 Counters::inc(&self.counters.refused_malformed);
-                return;
+                break;
             };
             Counters::inc(&self.counters.received);
             // The order's payload gets a buffer of its own, just as large; `made_us` is read in place.
             let (made, payload) = e.plain.split_at(MADE_LEN);
-            let frame = Taken {
-                op: Op::Order,
-                number: e.seq,
-                made: Some(u64::from_be_bytes(made.try_into().expect("8 bytes"))),
-                plain: payload.to_vec(),
-            };
-            if let Err(e) = self.take(now, origin, frame, &keys) {
-                self.count(&e);
-            }
+            self.orders.push(Order {
+                id: origin.order_id(e.seq),
+                made_us: u64::from_be_bytes(made.try_into().expect("8 bytes")),
+                payload: payload.to_vec(),
+            });
+            seqs.extend_from_slice(&e.seq.to_be_bytes());
+        }
+        if seqs.is_empty() {
+            recycle(&mut self.spare_seqs, seqs);
+        } else {
+            self.replies.push(Reply {
+                to: origin.from,
+                answer: Answering::Bundle {
+                    wire: origin.wire,
+                    key: opened.answer,
+                    seqs,
+                },
+            });
         }
     }
 
-    /// A frame that opened (a record, or an entry of a bundle): an order to the store, a subscribe or publish to the
-    /// relay.
+    /// A record that opened: an order to the store, a subscribe or publish to the relay.
     fn take(
         &mut self,
         now: Instant,
@@ -476,24 +521,14 @@ impl Receiver {
             return self.pubsub(now, origin, frame, keys);
         }
         let mut payload = frame.plain;
-        let made = match frame.made {
-            Some(made) => made,
-            None => {
-                let made = payload
-                    .first_chunk::<MADE_LEN>()
-                    .map(|m| u64::from_be_bytes(*m))
-                    .ok_or(Refused::Invalid)?;
-                payload.drain(..MADE_LEN);
-                made
-            }
-        };
+        let made = payload
+            .first_chunk::<MADE_LEN>()
+            .map(|m| u64::from_be_bytes(*m))
+            .ok_or(Refused::Invalid)?;
+        payload.drain(..MADE_LEN);
         let reply = self.reply(origin, frame.op, frame.number, keys.answer.as_ref(), false);
         self.orders.push(Order {
-            id: OrderId {
-                sender: origin.sender_id,
-                run: origin.wire.run,
-                seq: frame.number,
-            },
+            id: origin.order_id(frame.number),
             made_us: made,
             payload,
         });
@@ -501,8 +536,8 @@ impl Receiver {
         Ok(())
     }
 
-    /// The answer to frame `number` of `op` from `origin`, tagged with `key` (none: plain); a refusal if `refused`
-    /// (subscribes only). A bundle's order is answered in an answer bundle, tagged when that is built.
+    /// The answer frame to record `number` of `op` from `origin`, tagged with `key` (none: plain); a refusal if
+    /// `refused` (subscribes only). A bundle's orders are answered in an answer bundle instead ([`Receiver::bundle`]).
     fn reply(
         &self,
         origin: &Origin,
@@ -512,17 +547,6 @@ impl Receiver {
         refused: bool,
     ) -> Reply {
         let to = origin.from;
-        if origin.bundled {
-            debug_assert!(op == Op::Order && !refused);
-            return Reply {
-                to,
-                answer: Answering::Entry {
-                    wire: origin.wire,
-                    key: key.cloned(),
-                    seq: number,
-                },
-            };
-        }
         let mut frame = [0u8; wire::ANSWER_HEADER_LEN + TAG_LEN];
         let mut buf = Vec::with_capacity(frame.len());
         let WireId { kind, key_id, run } = origin.wire;
@@ -634,7 +658,7 @@ impl Receiver {
         if op.answered() {
             let refused = op == Op::Subscribe && current && self.relay.refuses(index, channel);
             let reply = self.reply(origin, op, number, keys.answer.as_ref(), refused);
-            self.answer(&reply);
+            self.answer(reply);
         }
         if over_bound {
             // Answered (refused), and counted as a record refused for what it says.
@@ -785,14 +809,15 @@ impl Receiver {
         })
     }
 
-    /// Move the orders opened since the last call, and their replies (same order, same length), to the end of
+    /// Move the orders opened since the last call, and their replies (one per order record, one per bundle for the
+    /// orders taken from it; in the order of the orders, [`Reply::orders`] of them each), to the end of
     /// `orders` and `replies`; the receiver keeps its buffers' room for the next datagrams.
     pub fn move_deliveries(&mut self, orders: &mut Vec<Order>, replies: &mut Vec<Reply>) {
         orders.append(&mut self.orders);
         replies.append(&mut self.replies);
     }
 
-    /// The orders opened since the last call, and their replies (same order, same length).
+    /// The orders opened since the last call, and their replies (as [`Receiver::move_deliveries`] says).
     pub fn take_deliveries(&mut self) -> (Vec<Order>, Vec<Reply>) {
         (
             std::mem::take(&mut self.orders),
@@ -800,41 +825,36 @@ impl Receiver {
         )
     }
 
-    /// Queue the answer "stored" for a delivery whose order the store has committed (or had already applied).
-    pub fn answer(&mut self, reply: &Reply) {
+    /// Queue the answer "stored" for the orders of a reply once the store has committed them (or had already
+    /// applied them).
+    pub fn answer(&mut self, reply: Reply) {
         let out = self.outgoing.entry(reply.to).or_insert_with(|| {
             self.outgoing_order.push_back(reply.to);
             self.spare_outgoing.pop().unwrap_or_default()
         });
-        match &reply.answer {
-            Answering::Frame { len, frame } => {
-                out.frames.extend_from_slice(&frame[..*len as usize])
-            }
-            Answering::Entry { wire, key, seq } => {
+        match reply.answer {
+            Answering::Frame { len, frame } => out.frames.extend_from_slice(&frame[..len as usize]),
+            Answering::Bundle { wire, key, seqs } => {
                 let unsent = &out.bundles[out.sent..];
                 let found = unsent
                     .iter()
                     .rev()
                     .take(LISTS_SEARCHED)
-                    .position(|p| p.wire == *wire)
+                    .position(|p| p.wire == wire)
                     .map(|back| out.bundles.len() - 1 - back);
-                let list = match found {
-                    Some(i) => i,
-                    None => {
-                        let mut entries = out.spare_entries.pop().unwrap_or_default();
-                        entries.clear();
-                        out.bundles.push(Pending {
-                            wire: *wire,
-                            key: key.clone(),
-                            entries,
-                            taken: 0,
-                        });
-                        out.bundles.len() - 1
+                match found {
+                    Some(i) => {
+                        out.bundles[i].entries.extend_from_slice(&seqs);
+                        recycle(&mut self.spare_seqs, seqs);
                     }
-                };
-                out.bundles[list]
-                    .entries
-                    .extend_from_slice(&seq.to_be_bytes());
+                    // The reply's seqs become the wire's list, and its key the list's.
+                    None => out.bundles.push(Pending {
+                        wire,
+                        key,
+                        entries: seqs,
+                        taken: 0,
+                    }),
+                }
             }
         }
     }
@@ -885,15 +905,11 @@ impl Receiver {
         if out.frames.is_empty() && out.sent == out.bundles.len() {
             let mut done = self.outgoing.remove(&to).expect("looked up above");
             self.outgoing_order.pop_front();
+            for list in done.bundles.drain(..) {
+                recycle(&mut self.spare_seqs, list.entries);
+            }
             if self.spare_outgoing.len() < SPARE_OUTGOING {
-                let Outgoing {
-                    bundles,
-                    spare_entries,
-                    sent,
-                    ..
-                } = &mut done;
-                spare_entries.extend(bundles.drain(..).map(|p| p.entries).take(LISTS_SEARCHED));
-                *sent = 0;
+                done.sent = 0;
                 self.spare_outgoing.push(done);
             }
         }

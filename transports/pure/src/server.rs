@@ -75,7 +75,7 @@ pub async fn run(
                 // Applied or already applied: either way the order is durable, so the answer is "stored".
                 done?;
                 let (_, answered) = committing.take().expect("guarded");
-                for reply in &answered {
+                for reply in answered {
                     receiver.answer(reply);
                 }
             }

@@ -11,7 +11,7 @@ use transport_core::{Counters, Order, OrderId, QoS};
 use transport_pure::crypto::{
     check_public, link_secret, put_record, LowOrderKey, NodeKey, WireKeys,
 };
-use transport_pure::receiver::MAX_SETUPS_PER_DATAGRAM;
+use transport_pure::receiver::{Reply, MAX_SETUPS_PER_DATAGRAM};
 use transport_pure::sender::{Sender, SenderEvent};
 use transport_pure::wire::{self, KeyId, Kind, Op, MADE_LEN, MAX_DATAGRAM, TAG_LEN};
 
@@ -194,7 +194,7 @@ fn every_record_and_answer_cut_at_every_length_is_malformed_never_a_panic() {
             let (orders, replies) = r.take_deliveries();
             assert_eq!(orders.len(), 1, "{kind:?}");
             assert_eq!(orders[0].payload.len(), payload_len);
-            r.answer(&replies[0]);
+            r.answer(replies[0].clone());
             let mut answer = Vec::new();
             r.poll_transmit(Instant::now(), &mut answer).unwrap();
             let device_counters = Arc::new(Counters::default());
@@ -766,9 +766,13 @@ fn a_bundle_is_taken_whole_or_not_at_all_and_so_is_its_answer() {
         let seqs: Vec<u64> = orders.iter().map(|o| o.id.seq).collect();
         assert_eq!(seqs, [0, 1, 2, 3, 4, 0, 1, 2, 3, 4], "{kind:?}");
         assert!(orders.iter().all(|o| o.payload == vec![o.id.seq as u8; 20]));
-        for reply in &replies[..5] {
-            r.answer(reply);
-        }
+        // One reply per bundle, for its five orders; the first bundle's is answered.
+        assert_eq!(
+            replies.iter().map(Reply::orders).collect::<Vec<_>>(),
+            [5, 5],
+            "{kind:?}"
+        );
+        r.answer(replies[0].clone());
         let mut answer = Vec::new();
         assert_eq!(r.poll_transmit(now, &mut answer), Some(from()));
         assert!(
@@ -810,6 +814,71 @@ fn a_bundle_is_taken_whole_or_not_at_all_and_so_is_its_answer() {
     }
 }
 
+/// A bundle's orders share one reply; the replies of a wire's bundles answered before a send go out together in one
+/// answer bundle, in the order they were stored, and a bundle answered after that send in an answer bundle of its
+/// own. Every answer bundle is one the device accepts (sealed kinds: tagged with the wire's answer key).
+#[test]
+fn a_wires_bundles_are_answered_together_until_a_send() {
+    for kind in [Kind::Plain, Kind::HpkeSession, Kind::Link] {
+        let mut rng = StdRng::seed_from_u64(33);
+        let keys = Keys::new(1, &mut rng);
+        let counters = Arc::new(Counters::default());
+        let mut r = keys.receiver(kind, 1, 16, &counters);
+        let mut device = keys.sender(kind, 0, 64, &Arc::new(Counters::default()));
+        let now = Instant::now();
+        let bundle = |device: &mut Sender, seqs: std::ops::Range<u64>| {
+            for seq in seqs {
+                device.push(now, order(0, 9, seq, 20));
+            }
+            let mut d = Vec::new();
+            assert!(device.poll_transmit(now, &mut d), "{kind:?}");
+            d
+        };
+        let (first, second) = (bundle(&mut device, 0..5), bundle(&mut device, 5..8));
+        r.handle(now, from(), &first);
+        r.handle(now, from(), &second);
+        let (orders, replies) = r.take_deliveries();
+        assert_eq!(orders.len(), 8, "{kind:?}");
+        assert_eq!(
+            replies.iter().map(Reply::orders).collect::<Vec<_>>(),
+            [5, 3],
+            "{kind:?}"
+        );
+        for reply in replies {
+            r.answer(reply);
+        }
+        let answered = |r: &mut transport_pure::receiver::Receiver, device: &mut Sender| {
+            let mut answer = Vec::new();
+            assert_eq!(r.poll_transmit(now, &mut answer), Some(from()), "{kind:?}");
+            assert!(r.poll_transmit(now, &mut Vec::new()).is_none(), "{kind:?}");
+            let Ok((wire::Frame::AnswerBundle(b), used)) = wire::parse_frame(&answer) else {
+                panic!("{kind:?}: one answer bundle")
+            };
+            assert_eq!(used, answer.len(), "{kind:?}");
+            let seqs: Vec<u64> = b.seqs().collect();
+            device.handle(now, &answer);
+            let stored = std::iter::from_fn(|| device.poll_event()).count();
+            assert_eq!(
+                stored,
+                seqs.len(),
+                "{kind:?}: the device takes every answer"
+            );
+            seqs
+        };
+        assert_eq!(answered(&mut r, &mut device), [0, 1, 2, 3, 4, 5, 6, 7]);
+        // After the send, the next bundle of the wire starts a list of its own.
+        let third = bundle(&mut device, 8..10);
+        r.handle(now, from(), &third);
+        let (orders, replies) = r.take_deliveries();
+        assert_eq!((orders.len(), replies.len()), (2, 1), "{kind:?}");
+        for reply in replies {
+            r.answer(reply);
+        }
+        assert_eq!(answered(&mut r, &mut device), [8, 9]);
+        assert_eq!(device.pending(), 0, "{kind:?}");
+    }
+}
+
 /// A bundle that opened but holds a malformed order (only a holder of the wire's keys can make one): the orders
 /// before it are taken, the malformed one is counted, and nothing after it is read.
 #[test]
@@ -847,7 +916,8 @@ fn a_malformed_order_inside_a_sealed_bundle_ends_the_walk() {
     let (orders, replies) = r.take_deliveries();
     assert_eq!(orders.iter().map(|o| o.id.seq).collect::<Vec<_>>(), [0, 1]);
     assert_eq!(orders[1].payload, b"second");
-    assert_eq!(replies.len(), 2);
+    // One reply answers both orders taken, none the orders after the malformed entry.
+    assert_eq!(replies.iter().map(Reply::orders).collect::<Vec<_>>(), [2]);
     let c = counters.snapshot();
     assert_eq!(
         (c.received, c.refused_malformed, c.refused()),
@@ -886,7 +956,7 @@ fn answer_bundles_are_numbered_in_one_count_across_wires() {
             }
         }
         let (_, replies) = r.take_deliveries();
-        for reply in &replies {
+        for reply in replies {
             r.answer(reply);
         }
         let mut buf = Vec::new();

@@ -10,7 +10,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 use transport_core::{Counters, Order, OrderId, QoS};
 use transport_pure::crypto::NodeKey;
-use transport_pure::receiver::Receiver;
+use transport_pure::receiver::{Receiver, Reply};
 use transport_pure::relay::RelayConfig;
 use transport_pure::sender::{Sender, SenderConfig, SenderEvent};
 use transport_pure::wire::{self, Frame, Kind, Op};
@@ -161,9 +161,13 @@ impl Pair {
             }
         }
         let (orders, replies) = self.receiver.take_deliveries();
-        for (o, r) in orders.iter().zip(&replies) {
-            // The store applies an id once; a repeat is answered again, not applied again.
-            self.applied.insert(o.id);
+        assert_eq!(
+            replies.iter().map(Reply::orders).sum::<usize>(),
+            orders.len()
+        );
+        // The store applies an id once; a repeat is answered again, not applied again.
+        self.applied.extend(orders.iter().map(|o| o.id));
+        for r in replies {
             self.receiver.answer(r);
         }
         let by_addr: HashMap<SocketAddr, usize> =
@@ -421,7 +425,7 @@ fn a_restarted_receiver_opens_the_same_session_again() {
     );
     assert_eq!(orders[0].id.seq, 1);
     // The answer carries the new run and the device accepts it.
-    p.receiver.answer(&replies[0]);
+    p.receiver.answer(replies[0].clone());
     let mut buf = Vec::new();
     p.receiver.poll_transmit(p.now, &mut buf).unwrap();
     p.senders[0].handle(p.now, &buf);
@@ -529,7 +533,7 @@ fn a_forged_answer_is_refused_and_the_record_stays_in_flight() {
     let rec = one_record(&mut p, 0);
     p.receiver.handle(p.now, addr(0), &rec);
     let (_, replies) = p.receiver.take_deliveries();
-    p.receiver.answer(&replies[0]);
+    p.receiver.answer(replies[0].clone());
     let mut ans = Vec::new();
     p.receiver.poll_transmit(p.now, &mut ans).unwrap();
     let mut forged = ans.clone();

@@ -132,7 +132,7 @@ fn answers(
     // One group commits every order; the answers of all devices are queued together, as the server does.
     let (opened, replies) = receiver.take_deliveries();
     assert_eq!(opened.len() as u64, senders as u64 * orders);
-    for r in &replies {
+    for r in replies {
         receiver.answer(r);
     }
     let mut sent = Vec::new();

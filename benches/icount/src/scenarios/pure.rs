@@ -134,7 +134,7 @@ impl Link {
         self.replies.clear();
         self.receiver
             .move_deliveries(&mut self.orders, &mut self.replies);
-        for reply in &self.replies {
+        for reply in self.replies.drain(..) {
             self.receiver.answer(reply);
         }
         self.answer.clear();

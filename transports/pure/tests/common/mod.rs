@@ -170,7 +170,7 @@ impl Net {
                 }
             }
             let (_, replies) = self.receiver.take_deliveries();
-            for r in &replies {
+            for r in replies {
                 self.receiver.answer(r);
             }
             while let Some(to) = self.receiver.poll_transmit(self.now, &mut buf) {
