@@ -23,7 +23,10 @@ fn main() {
     println!("cargo:rustc-env=RUNNER_RUSTC_VERSION={version}");
     println!("cargo:rerun-if-env-changed=RUSTC");
 
-    let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("..");
+    // The package's directory as cargo gives it to this run, never as it was when the script was compiled: a
+    // target directory shared by two checkouts (CARGO_TARGET_DIR) reuses one compiled script for both.
+    let manifest = std::env::var("CARGO_MANIFEST_DIR").unwrap_or_else(|_| ".".into());
+    let root = Path::new(&manifest).join("..");
     let git = |args: &[&str]| output(Command::new("git").arg("-C").arg(&root).args(args));
     let commit = git(&["rev-parse", "HEAD"]);
     let dirty = match &commit {
