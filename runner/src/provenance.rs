@@ -1,4 +1,4 @@
-//! Where the numbers come from: the build (commit, dirty flag, profile and compiler, embedded by `build.rs` when the
+//! Where the numbers come from: the build (commit, dirty flag, profile, compiler and allocator, embedded by `build.rs` when the
 //! runner was built, so they cannot drift from the code that measured), the machine (CPU, cores, kernel), the date,
 //! the pinning, the priority and load average it ran at, and a random id shared by every result of one invocation.
 
@@ -12,6 +12,7 @@ pub fn collect(profile: &str, pinning: Pinning) -> Provenance {
         dirty: env!("RUNNER_GIT_DIRTY") == "true",
         build_profile: env!("RUNNER_BUILD_PROFILE").to_string(),
         rustc: env!("RUNNER_RUSTC_VERSION").to_string(),
+        allocator: crate::ALLOCATOR.to_string(),
         cpu: cpu_model(),
         cores: std::thread::available_parallelism()
             .map(|n| n.get() as u32)

@@ -134,7 +134,12 @@ fn origin(results: &[&RunResult]) -> String {
             &p.commit[..p.commit.len().min(12)]
         };
         let dirty = if p.dirty { " (dirty)" } else { "" };
-        format!("{commit}{dirty} {}", p.build_profile)
+        let allocator = if p.allocator.is_empty() {
+            "system"
+        } else {
+            &p.allocator
+        };
+        format!("{commit}{dirty} {}, {allocator} allocator", p.build_profile)
     });
     let invocations = distinct(&|r| r.provenance.invocation.clone());
     let pinning = distinct(&|r| {

@@ -62,6 +62,9 @@ pub struct Provenance {
     pub build_profile: String,
     /// The compiler that built the runner.
     pub rustc: String,
+    /// The allocator of the runner's processes, server and load generator (`mimalloc`, `system`); empty in results
+    /// from before it was recorded, whose processes used the system's.
+    pub allocator: String,
     /// CPU model.
     pub cpu: String,
     /// Cores available to the process.
