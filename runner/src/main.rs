@@ -256,8 +256,11 @@ fn start_run(args: run::RunArgs) -> ExitCode {
 
 /// Place this process (the load generator) on the CPUs the plan gives it; the servers are pinned as they start.
 fn pin(setting: &str) -> Result<workloads::pin::Pinning> {
-    let plan =
-        workloads::pin::plan(setting == "on").context("reading the CPUs this process may use")?;
+    let plan = match setting {
+        "on" | "off" => workloads::pin::plan(setting == "on"),
+        cpu => workloads::pin::plan_server_on(Some(cpu.parse().context("--pin")?)),
+    }
+    .context("placing the server and the load generator")?;
     if plan.separate() {
         workloads::pin::pin_this_process(&plan.generator_cpus)
             .context("pinning the load generator")?;

@@ -54,13 +54,24 @@ pub struct RunArgs {
     /// that has the key).
     #[arg(long = "param", value_name = "KEY=VALUE")]
     pub params: Vec<String>,
-    /// Pin the server to one CPU and the load generator to the others (where there are two or more): on or off.
-    #[arg(long, default_value = "on", value_parser = ["on", "off"])]
+    /// Pin the server to one CPU and the load generator to the others (where there are two or more): `on` (the
+    /// server on the first CPU this process may use), `off`, or the server's CPU number (to swap the two sides'
+    /// CPUs, which on a virtual machine need not be equally fast).
+    #[arg(long, default_value = "on", value_parser = parse_pin)]
     pub pin: String,
     /// Run every case twice, clean and with an adversary beside it (`runner adversary`); the tables show both rows
     /// and the ratio of their primary metrics.
     #[arg(long, visible_alias = "adversary")]
     pub hostile: bool,
+}
+
+/// `--pin`: `on`, `off` or a CPU number.
+fn parse_pin(s: &str) -> Result<String, String> {
+    match s {
+        "on" | "off" => Ok(s.to_string()),
+        n if n.parse::<usize>().is_ok() => Ok(s.to_string()),
+        _ => Err("on, off, or the number of the server's CPU".into()),
+    }
 }
 
 /// Parse the workload list; the first unknown one is the error.

@@ -54,23 +54,41 @@ impl Pinning {
     }
 }
 
-/// Decide the placement from the CPUs this process may run on: pinned when `enabled` and there are at least two.
+/// Decide the placement from the CPUs this process may run on: pinned when `enabled` and there are at least two,
+/// the server on the first of them.
 pub fn plan(enabled: bool) -> io::Result<Pinning> {
-    let cpus = allowed_cpus()?;
-    Ok(match (enabled, cpus.split_first()) {
-        (false, _) => Pinning {
+    if enabled {
+        plan_server_on(None)
+    } else {
+        Ok(Pinning {
             mode: "off".into(),
             ..Pinning::default()
-        },
-        (true, Some((&server, rest))) if !rest.is_empty() => Pinning {
-            mode: "separate".into(),
-            server_cpus: vec![server],
-            generator_cpus: rest.to_vec(),
-        },
-        (true, _) => Pinning {
+        })
+    }
+}
+
+/// Pinned where there are at least two CPUs this process may run on: the server on CPU `server` (one of them), or
+/// on the first of them (`None`), and the load generator on the others. Two CPUs of one virtual machine need not be
+/// equally fast, so a comparison of the server's and the generator's CPU time can be repeated with them swapped.
+pub fn plan_server_on(server: Option<usize>) -> io::Result<Pinning> {
+    let cpus = allowed_cpus()?;
+    if let Some(s) = server.filter(|s| !cpus.contains(s)) {
+        return Err(io::Error::new(
+            io::ErrorKind::InvalidInput,
+            format!("CPU {s} is not one this process may run on ({cpus:?})"),
+        ));
+    }
+    if cpus.len() < 2 {
+        return Ok(Pinning {
             mode: "one-cpu".into(),
             ..Pinning::default()
-        },
+        });
+    }
+    let server = server.unwrap_or(cpus[0]);
+    Ok(Pinning {
+        mode: "separate".into(),
+        server_cpus: vec![server],
+        generator_cpus: cpus.into_iter().filter(|&c| c != server).collect(),
     })
 }
 
@@ -199,6 +217,21 @@ mod tests {
         }
         assert_eq!(plan(false).unwrap().mode, "off");
         assert!(cpu_set(&[]).is_err());
+    }
+
+    #[test]
+    fn the_server_goes_on_the_cpu_asked_for() {
+        let cpus = allowed_cpus().unwrap();
+        let last = *cpus.last().unwrap();
+        let p = plan_server_on(Some(last)).unwrap();
+        if cpus.len() >= 2 {
+            assert_eq!(p.server_cpus, vec![last]);
+            assert_eq!(p.generator_cpus, cpus[..cpus.len() - 1].to_vec());
+        }
+        let absent = cpus.iter().max().unwrap() + 1;
+        let e = plan_server_on(Some(absent)).unwrap_err();
+        assert_eq!(e.kind(), io::ErrorKind::InvalidInput);
+        assert!(e.to_string().contains(&format!("CPU {absent}")), "{e}");
     }
 
     #[tokio::test]
