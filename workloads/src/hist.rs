@@ -19,6 +19,12 @@ pub fn record(h: &mut Histogram<u64>, d: Duration) {
     h.record(us).expect("clamped into range");
 }
 
+/// Record a duration `n` times, clamped to the histogram's range.
+pub fn record_n(h: &mut Histogram<u64>, d: Duration, n: u64) {
+    let us = (d.as_micros() as u64).clamp(1, MAX_US);
+    h.record_n(us, n).expect("clamped into range");
+}
+
 /// Serialize (V2, base64) for a result.
 pub fn encode(h: &Histogram<u64>) -> String {
     let mut buf = Vec::new();

@@ -469,7 +469,7 @@ impl Shard {
     fn report(&mut self, now: Instant, i: usize) {
         let (device, sender) = &mut self.devices[i];
         // What one datagram answered goes to the workload as one batch.
-        let mut batch = Vec::new();
+        let mut batch = Vec::with_capacity(sender.pending_events());
         while let Some(event) = sender.poll_event() {
             let event = match event {
                 SenderEvent::Stored(id) => {

@@ -633,6 +633,11 @@ impl Sender {
         self.events.pop_front()
     }
 
+    /// How many events [`Sender::poll_event`] has waiting.
+    pub fn pending_events(&self) -> usize {
+        self.events.len()
+    }
+
     /// When [`Sender::handle_timeout`] should be called next.
     pub fn poll_timeout(&self) -> Option<Instant> {
         [self.flight.poll_timeout(), self.refresh_at]
