@@ -222,7 +222,7 @@ fn start_run(args: run::RunArgs) -> ExitCode {
         Err(e) => return usage(&e),
     };
     // Pin before any thread starts, so every thread of the load generator inherits its CPUs.
-    let pinning = match pin(&args.pin) {
+    let pinning = match pin(args.pin) {
         Ok(p) => p,
         Err(e) => return finish(Err(e)),
     };
@@ -255,10 +255,11 @@ fn start_run(args: run::RunArgs) -> ExitCode {
 }
 
 /// Place this process (the load generator) on the CPUs the plan gives it; the servers are pinned as they start.
-fn pin(setting: &str) -> Result<workloads::pin::Pinning> {
+fn pin(setting: run::Pin) -> Result<workloads::pin::Pinning> {
     let plan = match setting {
-        "on" | "off" => workloads::pin::plan(setting == "on"),
-        cpu => workloads::pin::plan_server_on(Some(cpu.parse().context("--pin")?)),
+        run::Pin::Off => workloads::pin::plan(false),
+        run::Pin::On => workloads::pin::plan(true),
+        run::Pin::Server(cpu) => workloads::pin::plan_server_on(Some(cpu)),
     }
     .context("placing the server and the load generator")?;
     if plan.separate() {

@@ -58,19 +58,33 @@ pub struct RunArgs {
     /// server on the first CPU this process may use), `off`, or the server's CPU number (to swap the two sides'
     /// CPUs, which on a virtual machine need not be equally fast).
     #[arg(long, default_value = "on", value_parser = parse_pin)]
-    pub pin: String,
+    pub pin: Pin,
     /// Run every case twice, clean and with an adversary beside it (`runner adversary`); the tables show both rows
     /// and the ratio of their primary metrics.
     #[arg(long, visible_alias = "adversary")]
     pub hostile: bool,
 }
 
+/// Where `--pin` puts the server and the load generator.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Pin {
+    /// Not pinned.
+    Off,
+    /// The server on the first CPU this process may use, the generator on the others.
+    On,
+    /// The server on this CPU, the generator on the others.
+    Server(usize),
+}
+
 /// `--pin`: `on`, `off` or a CPU number.
-fn parse_pin(s: &str) -> Result<String, String> {
+fn parse_pin(s: &str) -> Result<Pin, String> {
     match s {
-        "on" | "off" => Ok(s.to_string()),
-        n if n.parse::<usize>().is_ok() => Ok(s.to_string()),
-        _ => Err("on, off, or the number of the server's CPU".into()),
+        "on" => Ok(Pin::On),
+        "off" => Ok(Pin::Off),
+        n => n
+            .parse()
+            .map(Pin::Server)
+            .map_err(|_| "on, off, or the number of the server's CPU".into()),
     }
 }
 

@@ -15,8 +15,7 @@ pub fn new() -> Histogram<u64> {
 
 /// Record a duration, clamped to the histogram's range.
 pub fn record(h: &mut Histogram<u64>, d: Duration) {
-    let us = (d.as_micros() as u64).clamp(1, MAX_US);
-    h.record(us).expect("clamped into range");
+    record_n(h, d, 1);
 }
 
 /// Record a duration `n` times, clamped to the histogram's range.
