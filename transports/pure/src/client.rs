@@ -470,10 +470,11 @@ impl Shard {
         let (device, sender) = &mut self.devices[i];
         // What one datagram answered goes to the workload as one batch.
         let mut batch = Vec::with_capacity(sender.pending_events());
+        let mut stored = 0;
         while let Some(event) = sender.poll_event() {
             let event = match event {
                 SenderEvent::Stored(id) => {
-                    self.outstanding.orders.fetch_sub(1, Ordering::Relaxed);
+                    stored += 1;
                     LinkEvent::Stored {
                         device: *device,
                         id,
@@ -510,6 +511,9 @@ impl Shard {
                 },
             };
             batch.push(event);
+        }
+        if stored > 0 {
+            self.outstanding.orders.fetch_sub(stored, Ordering::Relaxed);
         }
         let _ = self.events.send_all(batch);
     }

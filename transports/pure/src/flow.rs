@@ -97,6 +97,17 @@ impl Flow {
         self.cwnd = (self.cwnd + 1.0).min(self.config.window as f64);
     }
 
+    /// `count` frames were answered together (one answer datagram); `rtt` is the round trip of one of them sent only
+    /// once, if any. One sample per answer, as TCP takes one per acknowledgement: ten samples of one datagram's
+    /// round trip would move the average ten steps on what is one measurement. The window grows by `count`.
+    pub fn answered_many(&mut self, count: usize, rtt: Option<Duration>) {
+        if count == 0 {
+            return;
+        }
+        self.answered(rtt);
+        self.cwnd = (self.cwnd + (count - 1) as f64).min(self.config.window as f64);
+    }
+
     /// Timers expired: back the timer off (RFC 6298, 5.5) until a frame answered at the first try measures the
     /// round trip again, so frames sent meanwhile do not time out against a queue they cannot beat; halve the window.
     pub fn expired(&mut self) {
@@ -203,7 +214,8 @@ impl<K: Ord + Copy, T> Flight<K, T> {
             first_sent: None,
             resent: false,
             rto,
-            deadline: now + rto,
+            // Set when the frame is sent: a queued frame has no deadline.
+            deadline: now,
             queued: true,
         };
         let slot = if let Some(slot) = self.index.get(&key) {
@@ -355,24 +367,22 @@ impl<K: Ord + Copy, T> Flight<K, T> {
         }
     }
 
-    /// The frame was answered: hand its item to `f` in place (no copy of the entry), then drop it. Returns what `f`
-    /// returned and, if the frame was sent only once, its round trip.
+    /// The frame was answered: hand its item to `f` in place (no copy of the entry), and drop it if `f` takes it
+    /// (returns `Some`); one lookup for both. Returns what `f` returned and, if the frame was sent only once, when
+    /// (its round trip ends now); `None` if no frame is in flight under `key` or `f` left it.
     pub fn remove_with<R>(
         &mut self,
-        now: Instant,
         key: &K,
-        f: impl FnOnce(&mut T) -> R,
-    ) -> Option<(R, Option<Duration>)> {
-        let slot = self.index.remove(key)?;
+        f: impl FnOnce(&mut T) -> Option<R>,
+    ) -> Option<(R, Option<Instant>)> {
+        let (at, slot) = self.index.position(key)?;
         let e = self.slots[slot as usize].as_mut()?;
-        let rtt = match (e.resent, e.first_sent) {
-            (false, Some(sent)) => Some(now.saturating_duration_since(sent)),
-            _ => None,
-        };
-        let r = f(&mut e.item);
+        let r = f(&mut e.item)?;
+        let sent_once = e.first_sent.filter(|_| !e.resent);
+        self.index.remove_at(at);
         self.slots[slot as usize] = None;
         self.release(slot);
-        Some((r, rtt))
+        Some((r, sent_once))
     }
 
     /// The frame was answered: take it out. Returns its item and, if it was sent only once, its round trip.
@@ -422,13 +432,28 @@ impl<K: Ord + Copy> Ordered<K> {
     }
 
     fn get(&self, key: &K) -> Option<u32> {
+        self.position(key).map(|(_, slot)| slot)
+    }
+
+    /// Where `key` is in the ring, and its slot.
+    #[inline]
+    fn position(&self, key: &K) -> Option<(usize, u32)> {
         if self.keys.back().is_none_or(|(last, _)| last < key) {
             return None;
         }
         // Frames are mostly answered oldest first: the front is the likeliest, and needs no search.
         match self.keys.front() {
-            Some((first, slot)) if first == key => Some(*slot),
-            _ => self.find(key).ok().map(|i| self.keys[i].1),
+            Some((first, slot)) if first == key => Some((0, *slot)),
+            _ => self.find(key).ok().map(|i| (i, self.keys[i].1)),
+        }
+    }
+
+    /// Take out the key at `at` (a [`Ordered::position`]).
+    fn remove_at(&mut self, at: usize) {
+        if at == 0 {
+            self.keys.pop_front();
+        } else {
+            self.keys.remove(at);
         }
     }
 
@@ -779,6 +804,70 @@ mod tests {
         }
         assert!(f.is_empty());
         assert!(f.slots.is_empty(), "an empty flight holds no slots");
+    }
+
+    /// The frames of one answer datagram are one round-trip sample (as one answer to one frame would be), and the
+    /// window grows by how many they are.
+    #[test]
+    fn frames_answered_together_are_one_sample_and_grow_the_window_by_their_count() {
+        let config = FlowConfig {
+            window: 256,
+            initial_rto: Duration::from_millis(200),
+            max_rto: Duration::from_secs(10),
+        };
+        let (mut many, mut one, mut each) =
+            (Flow::new(config), Flow::new(config), Flow::new(config));
+        for f in [&mut many, &mut one, &mut each] {
+            f.answered(Some(Duration::from_secs(1)));
+            for _ in 0..3 {
+                f.expired();
+            }
+            f.answered(Some(Duration::from_secs(1)));
+        }
+        // 256 halved three times, then one answer: 33 frames.
+        assert!(many.room(32) && !many.room(33));
+        many.answered_many(10, Some(Duration::from_millis(100)));
+        one.answered(Some(Duration::from_millis(100)));
+        for _ in 0..10 {
+            each.answered(Some(Duration::from_millis(100)));
+        }
+        assert_eq!(many.rto(), one.rto(), "one sample for the datagram");
+        assert!(
+            many.rto() > each.rto(),
+            "ten samples move the average further"
+        );
+        assert!(many.room(42) && !many.room(43), "the window grew by ten");
+        many.answered_many(0, Some(Duration::from_millis(1)));
+        assert_eq!(many.rto(), one.rto(), "nothing answered: no sample");
+        assert!(!many.room(43));
+    }
+
+    /// A frame the caller does not take stays in flight, looked up once either way.
+    #[test]
+    fn a_frame_left_by_remove_with_stays_in_flight() {
+        let t0 = Instant::now();
+        let mut f: Flight<u64, u64> = Flight::default();
+        for k in 0..4 {
+            f.insert(t0, k, k * 10, Duration::from_millis(200));
+        }
+        while let Some(k) = f.next_ready() {
+            f.sent(t0, k);
+        }
+        assert_eq!(f.remove_with(&2, |_| None::<()>), None);
+        assert_eq!(f.get(&2), Some(&20));
+        let (v, sent) = f.remove_with(&2, |v| Some(*v)).expect("in flight");
+        assert_eq!((v, sent), (20, Some(t0)), "sent once, at t0");
+        assert_eq!(f.get(&2), None);
+        assert_eq!(f.remove_with(&2, |v| Some(*v)), None, "answered once");
+        assert_eq!(f.remove_with(&9, |v| Some(*v)), None, "never sent");
+        assert_eq!(f.len(), 3);
+        // Re-sent: no round trip to measure (Karn's rule).
+        let t1 = t0 + Duration::from_millis(300);
+        assert_eq!(f.handle_timeout(t1, Duration::from_secs(1)), 3);
+        while let Some(k) = f.next_ready() {
+            f.sent(t1, k);
+        }
+        assert_eq!(f.remove_with(&0, |v| Some(*v)), Some((0, None)));
     }
 
     #[test]

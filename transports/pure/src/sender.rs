@@ -132,6 +132,24 @@ struct Out {
     own_keys: Option<Box<WireKeys>>,
 }
 
+/// What an answer did to the frame it names.
+enum Taken {
+    /// Nothing: no such frame in flight, not sent yet, or of another sender run.
+    No,
+    /// A subscribe or publish sealed for another receiver run than the answer's (or answered from a run the device
+    /// has left): left in flight.
+    OtherRun,
+    /// Taken out of the frames in flight.
+    Yes {
+        /// What to report.
+        event: SenderEvent,
+        /// The channel of a subscribe refused.
+        refused_channel: Option<u32>,
+        /// When it was sent, if it was sent only once (its round trip ends now).
+        sent_once: Option<Instant>,
+    },
+}
+
 struct Session {
     run: u64,
     /// The receiver run the keys were derived for (`Link` only).
@@ -404,7 +422,8 @@ impl Sender {
         self.answered(now, a.op, a.seq, a.run, a.receiver_run, a.refused);
     }
 
-    /// An answer bundle: one tag for all its orders, each then taken as an answer frame of its own would be.
+    /// An answer bundle: one tag for all its orders, each then taken as an answer frame of its own would be, with
+    /// one round-trip sample and one look at the receiver run for the whole bundle.
     fn answer_bundle(&mut self, now: Instant, b: &wire::AnswerBundle<'_>) {
         if b.kind != self.config.kind || !b.kind.bundles() || b.key_id != self.key_id {
             Counters::inc(&self.counters.refused_malformed);
@@ -416,8 +435,25 @@ impl Sender {
             Counters::inc(&self.counters.refused_forged);
             return;
         }
+        let left = self.left_runs.contains(&b.receiver_run);
+        // The round trip of the frame sent last of those sent once: the one sample this answer gives.
+        let (mut taken, mut last_sent) = (0, None::<Instant>);
         for seq in b.seqs() {
-            self.answered(now, Op::Order, seq, b.run, b.receiver_run, false);
+            if let Taken::Yes {
+                event, sent_once, ..
+            } = self.take_answered((Op::Order, seq), b.run, b.receiver_run, left, false)
+            {
+                taken += 1;
+                last_sent = last_sent.max(sent_once);
+                self.events.push_back(event);
+            }
+        }
+        if taken > 0 {
+            let rtt = last_sent.map(|sent| now.saturating_duration_since(sent));
+            self.flow.answered_many(taken, rtt);
+            if !left {
+                self.learn_run(b.receiver_run);
+            }
         }
     }
 
@@ -460,53 +496,85 @@ impl Sender {
         receiver_run: u64,
         refused: bool,
     ) {
-        let key = (op, number);
-        let Some(out) = self.flight.get(&key) else {
-            return;
-        };
-        let Some(sealed_for) = out.sent_for.filter(|_| self.run_of(&out.item) == run) else {
-            return;
-        };
         let left = self.left_runs.contains(&receiver_run);
-        if op != Op::Order && (left || sealed_for != receiver_run) {
-            // Not taken: the receiver takes subscribes and publishes sealed for its current run only. A run the
-            // device has left says nothing; a new one is learned, and everything sealed for another is sent again.
-            if !left {
-                self.learn_run(receiver_run);
+        match self.take_answered((op, number), run, receiver_run, left, refused) {
+            Taken::No => {}
+            Taken::OtherRun => {
+                // Not taken: the receiver takes subscribes and publishes sealed for its current run only. A run the
+                // device has left says nothing; a new one is learned, and everything sealed for another is sent
+                // again.
+                if !left {
+                    self.learn_run(receiver_run);
+                }
             }
-            return;
+            Taken::Yes {
+                event,
+                refused_channel,
+                sent_once,
+            } => {
+                self.flow
+                    .answered(sent_once.map(|sent| now.saturating_duration_since(sent)));
+                if !left {
+                    self.learn_run(receiver_run);
+                }
+                if let Some(channel) = refused_channel {
+                    // Not refreshed any more: a refresh would only be refused again.
+                    if !self.subscribing(channel) {
+                        self.subscriptions.retain(|(c, _)| *c != channel);
+                    }
+                }
+                self.events.push_back(event);
+            }
         }
-        // What the answer reports, and the sealed bytes for reuse, taken from the frame where it lies.
+    }
+
+    /// Take the frame `key` of sender run `run` out of the frames in flight, answered from receiver run
+    /// `receiver_run` (`left`: one the device has left), if it is there and was sent (subscribes and publishes: for
+    /// that receiver run). One lookup; the frame's sealed bytes go to the spare buffers.
+    fn take_answered(
+        &mut self,
+        key: (Op, u64),
+        run: u64,
+        receiver_run: u64,
+        left: bool,
+        refused: bool,
+    ) -> Taken {
+        let pubsub_run = self.pubsub_run.unwrap_or(0);
         let spare = &mut self.spare;
-        let ((event, refused_channel), rtt) = self
-            .flight
-            .remove_with(now, &key, |out| {
-                if let Some(frame) = out.sealed.take() {
-                    if spare.len() < SPARE_FRAMES {
-                        spare.push(frame);
-                    }
-                }
-                match &out.item {
-                    Item::Order(o) => (SenderEvent::Stored(o.id), None),
-                    Item::Subscribe { channel, .. } if refused => {
-                        (SenderEvent::Refused(*channel), Some(*channel))
-                    }
-                    Item::Subscribe { channel, .. } => (SenderEvent::Subscribed(*channel), None),
-                    Item::Publish { id, .. } => (SenderEvent::Accepted(*id), None),
-                }
-            })
-            .expect("looked up above");
-        self.flow.answered(rtt);
-        if !left {
-            self.learn_run(receiver_run);
-        }
-        if let Some(channel) = refused_channel {
-            // Not refreshed any more: a refresh would only be refused again.
-            if !self.subscribing(channel) {
-                self.subscriptions.retain(|(c, _)| *c != channel);
+        let mut other_run = false;
+        let taken = self.flight.remove_with(&key, |out| {
+            let item_run = match &out.item {
+                Item::Order(o) => o.id.run,
+                _ => pubsub_run,
+            };
+            let sealed_for = out.sent_for.filter(|_| item_run == run)?;
+            if key.0 != Op::Order && (left || sealed_for != receiver_run) {
+                other_run = true;
+                return None;
             }
+            if let Some(frame) = out.sealed.take() {
+                if spare.len() < SPARE_FRAMES {
+                    spare.push(frame);
+                }
+            }
+            Some(match &out.item {
+                Item::Order(o) => (SenderEvent::Stored(o.id), None),
+                Item::Subscribe { channel, .. } if refused => {
+                    (SenderEvent::Refused(*channel), Some(*channel))
+                }
+                Item::Subscribe { channel, .. } => (SenderEvent::Subscribed(*channel), None),
+                Item::Publish { id, .. } => (SenderEvent::Accepted(*id), None),
+            })
+        });
+        match taken {
+            Some(((event, refused_channel), sent_once)) => Taken::Yes {
+                event,
+                refused_channel,
+                sent_once,
+            },
+            None if other_run => Taken::OtherRun,
+            None => Taken::No,
         }
-        self.events.push_back(event);
     }
 
     /// A verified answer named receiver run `run`. If it is new, the receiver restarted: records sealed from now on
