@@ -96,6 +96,84 @@ pub enum PublishError {
     },
 }
 
+/// Frames not yet in flight, in the order they were handed over: single frames, and backlogs of orders handed over
+/// at once. A backlog stays in the vector it came in and is taken from it as the window opens, so handing over a
+/// million orders copies none of them (a copy into the outbox was a move and fresh memory per order).
+#[derive(Default)]
+struct Outbox {
+    queue: VecDeque<Queued>,
+    /// Frames in it, the orders of backlogs counted one by one.
+    len: usize,
+}
+
+enum Queued {
+    One(Item),
+    Orders(std::vec::IntoIter<Order>),
+}
+
+impl Outbox {
+    fn len(&self) -> usize {
+        self.len
+    }
+
+    fn push_back(&mut self, item: Item) {
+        self.len += 1;
+        self.queue.push_back(Queued::One(item));
+    }
+
+    fn push_front(&mut self, item: Item) {
+        self.len += 1;
+        self.queue.push_front(Queued::One(item));
+    }
+
+    fn push_orders(&mut self, orders: Vec<Order>) {
+        if !orders.is_empty() {
+            self.len += orders.len();
+            self.queue.push_back(Queued::Orders(orders.into_iter()));
+        }
+    }
+
+    /// The op of the next frame, and its seq if it is an order.
+    fn front(&self) -> Option<(Op, Option<u64>)> {
+        match self.queue.front()? {
+            Queued::One(Item::Order(o)) => Some((Op::Order, Some(o.id.seq))),
+            Queued::One(item) => Some((item.op(), None)),
+            Queued::Orders(orders) => orders
+                .as_slice()
+                .first()
+                .map(|o| (Op::Order, Some(o.id.seq))),
+        }
+    }
+
+    fn pop_front(&mut self) -> Option<Item> {
+        let item = match self.queue.front_mut()? {
+            Queued::One(_) => match self.queue.pop_front() {
+                Some(Queued::One(item)) => item,
+                _ => unreachable!("looked at above"),
+            },
+            Queued::Orders(orders) => {
+                let order = orders
+                    .next()
+                    .expect("a backlog in the queue is never empty");
+                if orders.len() == 0 {
+                    self.queue.pop_front();
+                }
+                Item::Order(order)
+            }
+        };
+        self.len -= 1;
+        Some(item)
+    }
+
+    /// The single frames waiting (a backlog holds only orders).
+    fn items(&self) -> impl Iterator<Item = &Item> {
+        self.queue.iter().filter_map(|q| match q {
+            Queued::One(item) => Some(item),
+            Queued::Orders(_) => None,
+        })
+    }
+}
+
 /// What a frame in flight carries.
 enum Item {
     Order(Order),
@@ -178,7 +256,7 @@ pub struct Sender {
     left_runs: VecDeque<u64>,
     /// The sender run of subscribes, publishes and deliveries: chosen at the first of them.
     pubsub_run: Option<u64>,
-    outbox: VecDeque<Item>,
+    outbox: Outbox,
     flight: Flight<(Op, u64), Out>,
     /// The next number of each op's count (orders are numbered by their seq).
     next: [u64; 6],
@@ -231,7 +309,7 @@ impl Sender {
             receiver_run: 0,
             left_runs: VecDeque::new(),
             pubsub_run: None,
-            outbox: VecDeque::new(),
+            outbox: Outbox::default(),
             flight: Flight::default(),
             next: [0; 6],
             flow,
@@ -283,7 +361,8 @@ impl Sender {
 
     /// Hand over a backlog of orders at once: the same as [`Sender::push`] for each, in order.
     pub fn push_all(&mut self, now: Instant, orders: impl IntoIterator<Item = Order>) {
-        self.outbox.extend(orders.into_iter().map(Item::Order));
+        // A vector handed over is kept as it is (collecting its own iterator reuses its allocation).
+        self.outbox.push_orders(orders.into_iter().collect());
         self.fill_window(now);
     }
 
@@ -351,13 +430,12 @@ impl Sender {
 
     fn fill_window(&mut self, now: Instant) {
         while self.flow.room(self.flight.len()) {
-            let Some(item) = self.outbox.front() else {
+            let Some((op, seq)) = self.outbox.front() else {
                 break;
             };
-            let op = item.op();
-            let number = match item {
-                Item::Order(o) => o.id.seq,
-                _ => {
+            let number = match seq {
+                Some(seq) => seq,
+                None => {
                     let n = self.next[op as usize];
                     let oldest = self.flight.first_in((op, 0)..=(op, u64::MAX));
                     if oldest.is_some_and(|(_, oldest)| n >= oldest + REPLAY_WINDOW) {
@@ -609,7 +687,7 @@ impl Sender {
     /// Whether a subscribe to `channel` is waiting or in flight.
     fn subscribing(&self, channel: u32) -> bool {
         let is = |item: &Item| matches!(item, Item::Subscribe { channel: c, .. } if *c == channel);
-        self.outbox.iter().any(is) || self.flight.items().any(|(_, out)| is(&out.item))
+        self.outbox.items().any(is) || self.flight.items().any(|(_, out)| is(&out.item))
     }
 
     fn delivery(&mut self, r: &Record<'_>) {
