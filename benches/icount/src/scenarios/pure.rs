@@ -202,7 +202,10 @@ impl Link {
         );
         let events = s.measure_if(count_sender, || {
             self.sender.handle(self.now, &self.answer);
-            std::iter::from_fn(|| self.sender.poll_event()).collect::<Vec<_>>()
+            // Taken into a list of the right size, as the fleet takes them (`client.rs`, `Shard::report`).
+            let mut events = Vec::with_capacity(self.sender.pending_events());
+            events.extend(std::iter::from_fn(|| self.sender.poll_event()));
+            events
         });
         ensure!(
             events
