@@ -470,11 +470,9 @@ impl<K: Ord + Copy> Ordered<K> {
     }
 
     fn remove(&mut self, key: &K) -> Option<u32> {
-        if self.keys.front().is_some_and(|(first, _)| first == key) {
-            return self.keys.pop_front().map(|(_, slot)| slot);
-        }
-        let i = self.find(key).ok()?;
-        self.keys.remove(i).map(|(_, slot)| slot)
+        let (at, slot) = self.position(key)?;
+        self.remove_at(at);
+        Some(slot)
     }
 
     fn iter(&self) -> impl Iterator<Item = &(K, u32)> {

@@ -189,6 +189,14 @@ enum Item {
 }
 
 impl Item {
+    /// The sender run it goes on: an order's own, the publish/subscribe wire's for the others (0 before it has one).
+    fn run(&self, pubsub_run: Option<u64>) -> u64 {
+        match self {
+            Item::Order(o) => o.id.run,
+            _ => pubsub_run.unwrap_or(0),
+        }
+    }
+
     fn op(&self) -> Op {
         match self {
             Item::Order(_) => Op::Order,
@@ -422,10 +430,7 @@ impl Sender {
     }
 
     fn run_of(&self, item: &Item) -> u64 {
-        match item {
-            Item::Order(o) => o.id.run,
-            _ => self.pubsub_run.unwrap_or(0),
-        }
+        item.run(self.pubsub_run)
     }
 
     fn fill_window(&mut self, now: Instant) {
@@ -617,15 +622,11 @@ impl Sender {
         left: bool,
         refused: bool,
     ) -> Taken {
-        let pubsub_run = self.pubsub_run.unwrap_or(0);
+        let pubsub_run = self.pubsub_run;
         let spare = &mut self.spare;
         let mut other_run = false;
         let taken = self.flight.remove_with(&key, |out| {
-            let item_run = match &out.item {
-                Item::Order(o) => o.id.run,
-                _ => pubsub_run,
-            };
-            let sealed_for = out.sent_for.filter(|_| item_run == run)?;
+            let sealed_for = out.sent_for.filter(|_| out.item.run(pubsub_run) == run)?;
             if key.0 != Op::Order && (left || sealed_for != receiver_run) {
                 other_run = true;
                 return None;

@@ -588,7 +588,7 @@ fn backlogs_handed_over_at_once_mix_with_single_frames_in_order() {
     assert_eq!(p.applied.len(), 701);
     assert_eq!(p.stored_events.len(), 701, "each order reported once");
     let seqs: Vec<u64> = p.stored_events.iter().map(|id| id.seq).collect();
-    assert_eq!(sorted(seqs.clone()), (0..=700).collect::<Vec<_>>());
+    assert_eq!(sorted(seqs), (0..=700).collect::<Vec<_>>());
     assert!(
         p.events.contains(&(0, SenderEvent::Subscribed(7))),
         "the subscribe between the backlogs was answered: {:?}",
