@@ -2,7 +2,7 @@
 //!
 //! The protocol ([`ALPN`] `lb-orders`): a device opens one bidirectional stream per order, writes the order frame
 //! ([`transport_core::framing`]) and finishes its side; the server answers on the same stream with one `Stored` or `Refused`
-//! frame and finishes ([`answer_order`]), or resets the stream with one of the [`codes`]; the device reads the answer
+//! frame and finishes ([`serve_stream`]), or resets the stream with one of the [`codes`]; the device reads the answer
 //! with [`read_answer`]. The device's identity is its certificate's common name, and each order's sender must be it.
 //!
 //! The same connections carry publish/subscribe ([`crate::relay`]): a stream whose first frame is a relay frame is
@@ -76,7 +76,7 @@ pub mod codes {
     pub const STORE_FAILED: u32 = 3;
 }
 
-/// How [`answer_order`] left a stream, and what the transport does with it now.
+/// How [`serve_stream`] left a stream, and what the transport does with it now.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Served {
     /// The answer is written: finish the sending side.
@@ -91,61 +91,45 @@ pub enum Served {
     StoreFailed,
 }
 
-/// The server's work on one order stream of the device `sender` (its certificate's identity, as
-/// [`transport_core::sender_id`]): one order frame in from `recv` (a stream that is not one is reset:
-/// `refused_malformed`, or `refused_oversized` for a length prefix over the maximum), answered on `send`
-/// ([`answer_and_write`]): the order refused if its sender is not `sender` (`refused_unknown`); else committed to the
-/// store; then one answer frame out. An order the store can never hold (its payload too large for a record) is
-/// refused (`refused_malformed`) rather than failed, so it is not sent again forever.
-pub async fn answer_order<R, W>(
-    recv: &mut R,
-    send: &mut W,
-    sender: u64,
-    store: &dyn OrderStore,
-    counters: &Counters,
-) -> Served
-where
-    R: AsyncRead + Unpin,
-    W: AsyncWrite + Unpin,
-{
-    let mut buf = BytesMut::with_capacity(256);
-    let order = match framing::read_frame(recv, &mut buf).await {
-        Ok(Some(Frame::Order(order))) => order,
-        Ok(None) | Err(FrameError::Io(_)) => return Served::Gone,
-        // Refused from its length prefix, before any of its body is read.
-        Err(FrameError::Oversized { .. }) => {
-            Counters::inc(&counters.refused_oversized);
-            return Served::Malformed;
-        }
-        Ok(Some(_)) | Err(_) => {
-            Counters::inc(&counters.refused_malformed);
-            return Served::Malformed;
-        }
-    };
-    answer_and_write(order, send, sender, store, counters, buf).await
-}
-
 /// One order of the device `sender` (its certificate's identity, as [`transport_core::sender_id`]) answered on
-/// `send`: refused if its sender is not `sender` (`refused_unknown`); else committed to `store`; then one answer
-/// frame out. An order the store can never hold (its payload too large for a record) is refused
-/// (`refused_malformed`) rather than failed, so it is not sent again forever.
+/// `send`: [`answer_frame`]'s answer, written.
 async fn answer_and_write<W: AsyncWrite + Unpin>(
     order: Order,
     send: &mut W,
     sender: u64,
     store: &dyn OrderStore,
     counters: &Counters,
-    mut buf: BytesMut,
+    buf: BytesMut,
 ) -> Served {
-    let Some(answer) = answer(order, sender, store, counters).await else {
-        return Served::StoreFailed;
+    let answer = match answer_frame(order, sender, store, counters, buf).await {
+        Ok(answer) => answer,
+        Err(served) => return served,
     };
-    buf.clear();
-    framing::encode(&answer, &mut buf);
-    match send.write_all(&buf).await {
+    match send.write_all(&answer).await {
         Ok(()) => Served::Answered,
         Err(_) => Served::Gone,
     }
+}
+
+/// The answer frame to one order of the device `sender` (its certificate's identity, as
+/// [`transport_core::sender_id`]), encoded into `buf` (cleared first): refused if its sender is not `sender`
+/// (`refused_unknown`); else committed to `store`, then `Stored`. An order the store can never hold (its payload too
+/// large for a record) is refused (`refused_malformed`) rather than failed, so it is not sent again forever. `Err`
+/// ([`Served::StoreFailed`]) if the store failed: the order is not answered. For a transport that hands its library
+/// the frame as it is (s2n-quic's `send(Bytes)`); [`serve_stream`] writes it through `AsyncWrite`.
+pub async fn answer_frame(
+    order: Order,
+    sender: u64,
+    store: &dyn OrderStore,
+    counters: &Counters,
+    mut buf: BytesMut,
+) -> Result<BytesMut, Served> {
+    let Some(answer) = answer(order, sender, store, counters).await else {
+        return Err(Served::StoreFailed);
+    };
+    buf.clear();
+    framing::encode(&answer, &mut buf);
+    Ok(buf)
 }
 
 /// What the streams of a QUIC server's connections share: the store, the counters, the relay.
@@ -169,8 +153,8 @@ impl Serving {
     }
 }
 
-/// Serve one stream the device `sender` opened, as its first frame says: an order stream ([`answer_order`]'s
-/// work), a subscription or the device's publish stream ([`crate::relay`]). Returns how to leave the stream.
+/// Serve one stream the device `sender` opened, as its first frame says ([`read_first`], then [`serve_first`]).
+/// Returns how to leave the stream.
 pub async fn serve_stream<R, W>(
     recv: &mut R,
     send: &mut W,
@@ -181,23 +165,65 @@ where
     R: AsyncRead + Unpin,
     W: AsyncWrite + Unpin,
 {
-    let counters = &*serving.counters;
     let mut buf = BytesMut::with_capacity(256);
-    let first = loop {
-        match wire::decode_first(&mut buf) {
-            Ok(Some(first)) => break first,
+    match read_first(recv, &mut buf, &serving.counters).await {
+        Ok(first) => serve_first(first, recv, send, sender, serving, buf).await,
+        Err(served) => served,
+    }
+}
+
+/// The first frame of a stream a device opened, read from `recv` into `buf` (what follows it stays in `buf`).
+/// `Err` with how to leave the stream if there is none: [`Served::Gone`] if the stream or its connection ended
+/// before any byte or failed, [`Served::Malformed`] if its first bytes are no frame or it was finished inside one
+/// (`refused_malformed`), or a length prefix announced more than the maximum (`refused_oversized`, the body unread).
+pub async fn read_first<R: AsyncRead + Unpin>(
+    recv: &mut R,
+    buf: &mut BytesMut,
+    counters: &Counters,
+) -> Result<First, Served> {
+    loop {
+        match wire::decode_first(buf) {
+            Ok(Some(first)) => return Ok(first),
             Ok(None) => {}
+            // Refused from its length prefix, before any of its body is read.
+            Err(FrameError::Oversized { .. }) => {
+                Counters::inc(&counters.refused_oversized);
+                return Err(Served::Malformed);
+            }
             Err(_) => {
                 Counters::inc(&counters.refused_malformed);
-                return Served::Malformed;
+                return Err(Served::Malformed);
             }
         }
-        framing::make_room(&mut buf);
-        match recv.read_buf(&mut buf).await {
-            Ok(0) | Err(_) => return Served::Gone,
+        framing::make_room(buf);
+        match recv.read_buf(buf).await {
+            // Finished inside a frame.
+            Ok(0) if !buf.is_empty() => {
+                Counters::inc(&counters.refused_malformed);
+                return Err(Served::Malformed);
+            }
+            Ok(0) | Err(_) => return Err(Served::Gone),
             Ok(_) => {}
         }
-    };
+    }
+}
+
+/// Serve a stream of the device `sender` whose first frame was `first` ([`read_first`], with what followed it in
+/// `buf`): an order stream (the order answered, [`answer_frame`], and the answer written), a subscription or the device's publish stream
+/// ([`crate::relay`]). Returns how to leave the stream.
+pub async fn serve_first<R, W>(
+    first: First,
+    recv: &mut R,
+    send: &mut W,
+    sender: u64,
+    serving: &Serving,
+    buf: BytesMut,
+) -> Served
+where
+    R: AsyncRead + Unpin,
+    W: AsyncWrite + Unpin,
+{
+    let counters = &*serving.counters;
     match first {
         First::Order(order) => {
             answer_and_write(order, send, sender, serving.store.as_ref(), counters, buf).await
@@ -340,18 +366,18 @@ mod tests {
     use transport_core::QoS;
     use transport_store::{Store, StoreHandle, SyncPolicy};
 
-    /// One stream's exchange over an in-memory pipe: the answer step on one end, the device's bytes on the other.
+    /// One stream's exchange over an in-memory pipe: the server's step ([`serve_stream`]) on one end, the device's
+    /// bytes on the other.
     async fn exchange(
         device: &[u8],
         sender: u64,
-        store: &dyn OrderStore,
-        counters: &Counters,
+        serving: &Serving,
     ) -> (Served, Result<Answer, TransportError>) {
         let (mut server, mut client) = tokio::io::duplex(1 << 20);
         client.write_all(device).await.unwrap();
         client.shutdown().await.unwrap();
         let (mut recv, mut send) = tokio::io::split(&mut server);
-        let served = answer_order(&mut recv, &mut send, sender, store, counters).await;
+        let served = serve_stream(&mut recv, &mut send, sender, serving).await;
         drop((recv, send));
         drop(server);
         (served, read_answer(&mut client).await)
@@ -367,40 +393,41 @@ mod tests {
     async fn orders_are_stored_or_refused() {
         let dir = tempfile::tempdir().unwrap();
         let (store, _) = Store::open(dir.path(), SyncPolicy::None).unwrap();
-        let store = StoreHandle::spawn(store);
-        let counters = Counters::default();
+        let store = Arc::new(StoreHandle::spawn(store));
+        let counters = Arc::new(Counters::default());
+        let serving = Serving::new(store.clone(), counters.clone());
 
         let fine = order(7, 0);
-        let (served, answer) = exchange(&frame(&fine), 7, &store, &counters).await;
+        let (served, answer) = exchange(&frame(&fine), 7, &serving).await;
         assert_eq!(
             (served, answer.unwrap()),
             (Served::Answered, Answer::Stored(fine.id))
         );
         // Sent again (its answer was lost): stored already, answered again.
-        let (_, answer) = exchange(&frame(&fine), 7, &store, &counters).await;
+        let (_, answer) = exchange(&frame(&fine), 7, &serving).await;
         assert_eq!(answer.unwrap(), Answer::Stored(fine.id));
         // In another device's name.
         let spoofed = order(8, 0);
-        let (_, answer) = exchange(&frame(&spoofed), 7, &store, &counters).await;
+        let (_, answer) = exchange(&frame(&spoofed), 7, &serving).await;
         assert_eq!(answer.unwrap(), Answer::Refused(spoofed.id));
         // Too large for a record.
         let mut huge = order(7, 1);
         huge.payload = vec![0; transport_core::MAX_PAYLOAD + 1];
-        let (_, answer) = exchange(&frame(&huge), 7, &store, &counters).await;
+        let (_, answer) = exchange(&frame(&huge), 7, &serving).await;
         assert_eq!(answer.unwrap(), Answer::Refused(huge.id));
         // No whole frame, then not an order.
-        let (served, answer) = exchange(&[0, 0], 7, &store, &counters).await;
+        let (served, answer) = exchange(&[0, 0], 7, &serving).await;
         assert_eq!(served, Served::Malformed);
         assert!(answer.is_err());
         let mut stored = BytesMut::new();
         framing::encode_stored(&fine.id, &mut stored);
-        let (served, _) = exchange(&stored, 7, &store, &counters).await;
+        let (served, _) = exchange(&stored, 7, &serving).await;
         assert_eq!(served, Served::Malformed);
         // A length prefix over the maximum: refused unread, as oversized.
-        let (served, _) = exchange(&u32::MAX.to_be_bytes(), 7, &store, &counters).await;
+        let (served, _) = exchange(&u32::MAX.to_be_bytes(), 7, &serving).await;
         assert_eq!(served, Served::Malformed);
         // Nothing at all: the device went away.
-        let (served, _) = exchange(&[], 7, &store, &counters).await;
+        let (served, _) = exchange(&[], 7, &serving).await;
         assert_eq!(served, Served::Gone);
 
         let c = counters.snapshot();

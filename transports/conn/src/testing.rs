@@ -588,6 +588,75 @@ pub async fn spoofed_and_oversized_orders_are_refused<C: Connector>(
     assert!(audit.is_clean() && audit.applied == 1, "{audit:?}");
 }
 
+/// Streams opened by hand (with `open`) on device 0's connection: one order frame written in two pieces with a
+/// pause between (stored: the server reads until the frame is whole), one whose body is junk (refused as malformed,
+/// its stream reset: no answer), one announcing more than the frame maximum (refused as oversized, reset), one
+/// finished with nothing on it (nothing counted); then an order through the connector on the same connection, which
+/// is stored.
+pub async fn streams_are_answered_whole_or_reset<C: Connector>(
+    h: &Harness,
+    connector: impl MakeConnector<C>,
+    open: impl Fn(&C::Conn) -> crate::relay::client::OpenStream,
+) {
+    use crate::quic::read_answer;
+    use bytes::BytesMut;
+    use tokio::io::AsyncWriteExt;
+
+    let server = h.server(any_port());
+    let connector = connector(
+        server.addr,
+        h.credentials(),
+        1,
+        Arc::new(Counters::default()),
+    )
+    .unwrap();
+    let conn = connector.connect(0).await.unwrap();
+    let stream = async |bytes: &[&[u8]]| {
+        let (mut recv, mut send) = open(&conn)().await.unwrap();
+        for (i, piece) in bytes.iter().enumerate() {
+            if i > 0 {
+                tokio::time::sleep(Duration::from_millis(50)).await;
+            }
+            send.write_all(piece).await.unwrap();
+            send.flush().await.unwrap();
+        }
+        send.shutdown().await.unwrap();
+        let answer = tokio::time::timeout(Duration::from_secs(10), read_answer(&mut recv))
+            .await
+            .expect("neither an answer nor a reset");
+        answer.ok()
+    };
+
+    let split = order(0, 1);
+    let mut frame = BytesMut::new();
+    transport_core::framing::encode_order(&split, &mut frame);
+    let (head, tail) = frame.split_at(frame.len() / 2);
+    assert_eq!(stream(&[head, tail]).await, Some(Answer::Stored(split.id)));
+
+    let mut junk = vec![0x80u8; 40];
+    junk.splice(0..0, (junk.len() as u32).to_be_bytes());
+    assert_eq!(stream(&[&junk]).await, None);
+    let mut oversized = u32::MAX.to_be_bytes().to_vec();
+    oversized.extend_from_slice(&[0; 64]);
+    assert_eq!(stream(&[&oversized]).await, None);
+    assert_eq!(stream(&[]).await, None);
+
+    let fine = order(0, 2);
+    assert_eq!(
+        connector.send_order(&conn, &fine).await.unwrap(),
+        Answer::Stored(fine.id)
+    );
+    connector.close(conn);
+    let s = server.kill().await;
+    assert_eq!(
+        (s.received, s.refused_malformed, s.refused_oversized),
+        (2, 1, 1),
+        "{s:?}"
+    );
+    let audit = store::audit(&h.store_dir, &[split.id, fine.id], &[split.id, fine.id]).unwrap();
+    assert!(audit.is_clean() && audit.applied == 2, "{audit:?}");
+}
+
 /// A published message of the checks: 64 bytes on `channel`.
 pub fn message(channel: u32, id: u64, qos: QoS) -> Publish {
     Publish {

@@ -158,6 +158,16 @@ async fn qos1_deliveries_never_acknowledged_go_again_on_the_next_connection() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn streams_are_answered_whole_or_reset() {
+    testing::streams_are_answered_whole_or_reset(
+        &harness(1),
+        QuinnConnector::new,
+        |c: &transport_quinn::client::QuinnConn| transport_quinn::client::opener(&c.conn),
+    )
+    .await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_handshake_left_half_open_is_given_up_and_counted() {
     let h = harness(1);
     let server = h.server(any_port());
