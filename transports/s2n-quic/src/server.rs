@@ -17,11 +17,13 @@
 use crate::events::{ConnState, Events, Side};
 use crate::reset::ResetTokens;
 use crate::{start_error, tls, Provider};
+use bytes::BytesMut;
 use futures::stream;
 use s2n_quic::stream::BidirectionalStream;
 use std::net::SocketAddr;
 use std::sync::Arc;
 use transport_conn::quic::{self, codes, Served, Serving};
+use transport_conn::relay::wire::First;
 use transport_core::{net, sender_id, Counters, ServeConfig, TransportError};
 
 /// Start an s2n-quic server endpoint with the given TLS provider (a macro because each provider makes the builder
@@ -102,20 +104,53 @@ async fn connection(conn: s2n_quic::Connection, serving: Arc<Serving>) {
     quic::serve_each(streams, |stream| serve_stream(stream, sender, &serving)).await;
 }
 
-/// One stream served ([`quic::serve_stream`]); then finished or reset as it says.
-async fn serve_stream(stream: BidirectionalStream, sender: u64, serving: &Serving) {
-    let (mut recv, mut send) = stream.split();
-    match quic::serve_stream(&mut recv, &mut send, sender, serving).await {
-        Served::Answered => {
-            let _ = send.finish();
+/// Leave a stream as `served` says, `$send` its sending side and `$recv` its receiving side (halves, or both the
+/// whole stream). An answered stream is finished by the drop of its sending side (s2n-quic finishes a send stream
+/// dropped open, in the same request that releases it).
+macro_rules! leave {
+    ($served:expr, $send:expr, $recv:expr) => {
+        match $served {
+            Served::Answered | Served::Gone => {}
+            Served::Malformed => {
+                let _ = $send.reset(codes::MALFORMED.into());
+                let _ = $recv.stop_sending(codes::MALFORMED.into());
+            }
+            Served::StoreFailed => {
+                let _ = $send.reset(codes::STORE_FAILED.into());
+            }
         }
-        Served::Gone => {}
-        Served::Malformed => {
-            let _ = send.reset(codes::MALFORMED.into());
-            let _ = recv.stop_sending(codes::MALFORMED.into());
+    };
+}
+
+/// One stream served as its first frame says ([`quic::read_first`]); then finished or reset as that says.
+///
+/// An order stream stays whole and its answer goes to s2n-quic as the frame it is (`send(Bytes)`); the stream is
+/// finished by being dropped. Every call on an s2n-quic stream is a request to its connection (the connection's
+/// lock, the stream looked up, its interests updated): this way an order costs three besides the accept (the read,
+/// the send, and the drop, which finishes the sending side and releases the stream in one request). Split into
+/// halves, written through `AsyncWrite` (which asks for room, then copies the bytes into a new buffer) and finished
+/// before the sending half's drop, it cost five. A subscription or publish stream is split and served
+/// by the relay ([`quic::serve_first`]).
+async fn serve_stream(mut stream: BidirectionalStream, sender: u64, serving: &Serving) {
+    let counters = &serving.counters;
+    let mut buf = BytesMut::with_capacity(256);
+    let served = match quic::read_first(&mut stream, &mut buf, counters).await {
+        Ok(First::Order(order)) => {
+            match quic::answer_frame(order, sender, serving.store.as_ref(), counters, buf).await {
+                Ok(answer) => match stream.send(answer.freeze()).await {
+                    Ok(()) => Served::Answered,
+                    Err(_) => Served::Gone,
+                },
+                Err(served) => served,
+            }
         }
-        Served::StoreFailed => {
-            let _ = send.reset(codes::STORE_FAILED.into());
+        Ok(first) => {
+            let (mut recv, mut send) = stream.split();
+            let served = quic::serve_first(first, &mut recv, &mut send, sender, serving, buf).await;
+            leave!(served, send, recv);
+            return;
         }
-    }
+        Err(served) => served,
+    };
+    leave!(served, stream, stream);
 }

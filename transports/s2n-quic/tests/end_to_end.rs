@@ -175,6 +175,18 @@ variant_tests! {
     rustls => Provider::Rustls,
 }
 
+/// The server's stream handling is the same for both TLS providers: one of them.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn streams_are_answered_whole_or_reset() {
+    let h = harness(Provider::S2nTls, 1);
+    testing::streams_are_answered_whole_or_reset(
+        &h,
+        connector(Provider::S2nTls, &h),
+        transport_s2n_quic::client::opener,
+    )
+    .await;
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_fleet_of_a_slice_of_devices_keeps_their_numbers() {
     testing::a_slice_keeps_device_numbers(&harness(Provider::S2nTls, 12), 5, 7).await;
