@@ -209,8 +209,8 @@ pub async fn read_first<R: AsyncRead + Unpin>(
 }
 
 /// Serve a stream of the device `sender` whose first frame was `first` ([`read_first`], with what followed it in
-/// `buf`): an order stream (the order answered, [`answer_frame`], and the answer written), a subscription or the device's publish stream
-/// ([`crate::relay`]). Returns how to leave the stream.
+/// `buf`): an order stream (the order answered, [`answer_frame`], and the answer written), a subscription or the
+/// device's publish stream ([`crate::relay`]). Returns how to leave the stream.
 pub async fn serve_first<R, W>(
     first: First,
     recv: &mut R,

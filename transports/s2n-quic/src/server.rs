@@ -2,8 +2,8 @@
 //!
 //! Per connection: the handshake (counted in `handshakes` when s2n-quic hands over the connection), the device's
 //! identity from its verified certificate's common name (read by the event subscriber, [`crate::events`]), then
-//! one loop accepting bidirectional streams, each served by the shared step ([`quic::serve_stream`]) as its first
-//! frame says. An order stream: one order frame in; the order's sender must be the certificate's device (else
+//! one loop accepting bidirectional streams, each served as its first frame says (read by the step both QUIC servers
+//! share, [`quic::read_first`]). An order stream: one order frame in; the order's sender must be the certificate's device (else
 //! `Refused`, counted in `refused_unknown`); the order is committed to the store; then one `Stored` frame out and the
 //! stream finished. An order the store can never hold (payload over 65,535 bytes) is refused (`refused_malformed`)
 //! rather than failed, so it is not sent again forever. A subscription or publish stream: the relay
