@@ -543,20 +543,31 @@ pub async fn foreign_devices_are_refused<C: Connector>(
     assert_eq!(audit.applied, 0);
 }
 
+/// A server of `h` on a port of its own, and a connector to it for `devices` of `h`'s devices (its counters its own):
+/// for checks that drive a connection by hand rather than through a fleet.
+fn server_and_connector<C: Connector>(
+    h: &Harness,
+    connector: impl MakeConnector<C>,
+    devices: u32,
+) -> (Server, C) {
+    let server = h.server(any_port());
+    let connector = connector(
+        server.addr,
+        h.credentials(),
+        devices,
+        Arc::new(Counters::default()),
+    )
+    .unwrap();
+    (server, connector)
+}
+
 /// Device 0, authenticated as itself, sends an order in device 1's name and one too large for a store record:
 /// both are refused on a connection that stays good for a proper order, which is stored.
 pub async fn spoofed_and_oversized_orders_are_refused<C: Connector>(
     h: &Harness,
     connector: impl MakeConnector<C>,
 ) {
-    let server = h.server(any_port());
-    let connector = connector(
-        server.addr,
-        h.credentials(),
-        2,
-        Arc::new(Counters::default()),
-    )
-    .unwrap();
+    let (server, connector) = server_and_connector(h, connector, 2);
     let conn = connector.connect(0).await.unwrap();
     // Device 0 sending in device 1's name.
     let spoofed = order(1, 0);
@@ -602,14 +613,7 @@ pub async fn streams_are_answered_whole_or_reset<C: Connector>(
     use bytes::BytesMut;
     use tokio::io::AsyncWriteExt;
 
-    let server = h.server(any_port());
-    let connector = connector(
-        server.addr,
-        h.credentials(),
-        1,
-        Arc::new(Counters::default()),
-    )
-    .unwrap();
+    let (server, connector) = server_and_connector(h, connector, 1);
     let conn = connector.connect(0).await.unwrap();
     let stream = async |bytes: &[&[u8]]| {
         let (mut recv, mut send) = open(&conn)().await.unwrap();
@@ -755,14 +759,7 @@ pub async fn unacknowledged_qos1_goes_again_on_the_next_connection<C: Connector>
     use bytes::BytesMut;
     use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
-    let server = h.server(any_port());
-    let raw = connector(
-        server.addr,
-        h.credentials(),
-        2,
-        Arc::new(Counters::default()),
-    )
-    .unwrap();
+    let (server, raw) = server_and_connector(h, connector, 2);
     let conn = raw.connect(1).await.unwrap();
     let (mut recv, mut send) = open(&conn)().await.unwrap();
     let mut buf = BytesMut::new();
