@@ -53,17 +53,28 @@ pub struct Flow {
     rto: Duration,
     /// Frames allowed in flight now.
     cwnd: f64,
+    /// The same as a whole number of frames (at least one), kept beside it: the window is asked for every frame that
+    /// goes in flight and changes only when one is answered or a timer expires.
+    allowed: usize,
 }
 
 impl Flow {
     /// A path with no sample yet: the initial timeout and the full window.
     pub fn new(config: FlowConfig) -> Flow {
-        Flow {
+        let mut flow = Flow {
             config,
             srtt: None,
             rto: config.initial_rto,
-            cwnd: config.window as f64,
-        }
+            cwnd: 0.0,
+            allowed: 0,
+        };
+        flow.set_window(config.window as f64);
+        flow
+    }
+
+    fn set_window(&mut self, cwnd: f64) {
+        self.cwnd = cwnd;
+        self.allowed = (cwnd as usize).max(1);
     }
 
     /// The configuration.
@@ -78,7 +89,12 @@ impl Flow {
 
     /// Whether one more frame may go in flight when `in_flight` are.
     pub fn room(&self, in_flight: usize) -> bool {
-        in_flight < (self.cwnd as usize).max(1)
+        in_flight < self.allowed
+    }
+
+    /// How many more frames may go in flight when `in_flight` are.
+    pub fn room_for(&self, in_flight: usize) -> usize {
+        self.allowed.saturating_sub(in_flight)
     }
 
     /// A frame was answered; `rtt` is its round trip if it was sent only once.
@@ -94,7 +110,7 @@ impl Flow {
             self.srtt = Some((srtt, var));
             self.rto = (srtt + var * 4).clamp(self.config.initial_rto, self.config.max_rto);
         }
-        self.cwnd = (self.cwnd + 1.0).min(self.config.window as f64);
+        self.set_window((self.cwnd + 1.0).min(self.config.window as f64));
     }
 
     /// `count` frames were answered together (one answer datagram); `rtt` is the round trip of one of them sent only
@@ -105,14 +121,14 @@ impl Flow {
             return;
         }
         self.answered(rtt);
-        self.cwnd = (self.cwnd + (count - 1) as f64).min(self.config.window as f64);
+        self.set_window((self.cwnd + (count - 1) as f64).min(self.config.window as f64));
     }
 
     /// Timers expired: back the timer off (RFC 6298, 5.5) until a frame answered at the first try measures the
     /// round trip again, so frames sent meanwhile do not time out against a queue they cannot beat; halve the window.
     pub fn expired(&mut self) {
         self.rto = (self.rto * 2).min(self.config.max_rto);
-        self.cwnd = (self.cwnd / 2.0).max(MIN_WINDOW);
+        self.set_window((self.cwnd / 2.0).max(MIN_WINDOW));
     }
 }
 

@@ -133,18 +133,6 @@ impl Outbox {
         }
     }
 
-    /// The op of the next frame, and its seq if it is an order.
-    fn front(&self) -> Option<(Op, Option<u64>)> {
-        match self.queue.front()? {
-            Queued::One(Item::Order(o)) => Some((Op::Order, Some(o.id.seq))),
-            Queued::One(item) => Some((item.op(), None)),
-            Queued::Orders(orders) => orders
-                .as_slice()
-                .first()
-                .map(|o| (Op::Order, Some(o.id.seq))),
-        }
-    }
-
     fn pop_front(&mut self) -> Option<Item> {
         let item = match self.queue.front_mut()? {
             Queued::One(_) => match self.queue.pop_front() {
@@ -163,6 +151,22 @@ impl Outbox {
         };
         self.len -= 1;
         Some(item)
+    }
+
+    /// Up to `max` orders of a backlog at the front, each handed to `put` in order (none if the front is a single
+    /// frame or nothing waits).
+    fn take_orders(&mut self, max: usize, mut put: impl FnMut(Order)) {
+        let Some(Queued::Orders(orders)) = self.queue.front_mut() else {
+            return;
+        };
+        let taken = max.min(orders.len());
+        for order in orders.by_ref().take(taken) {
+            put(order);
+        }
+        if orders.len() == 0 {
+            self.queue.pop_front();
+        }
+        self.len -= taken;
     }
 
     /// The single frames waiting (a backlog holds only orders).
@@ -216,6 +220,18 @@ struct Out {
     sealed: Option<Vec<u8>>,
     /// Per-request records keep the answer secret of their own setup (boxed: every other frame moves without it).
     own_keys: Option<Box<WireKeys>>,
+}
+
+impl Out {
+    /// A frame not sent yet.
+    fn new(item: Item) -> Out {
+        Out {
+            item,
+            sent_for: None,
+            sealed: None,
+            own_keys: None,
+        }
+    }
 }
 
 /// What an answer did to the frame it names.
@@ -434,9 +450,26 @@ impl Sender {
     }
 
     fn fill_window(&mut self, now: Instant) {
-        while self.flow.room(self.flight.len()) {
-            let Some((op, seq)) = self.outbox.front() else {
+        let rto = self.flow.rto();
+        loop {
+            let room = self.flow.room_for(self.flight.len());
+            if room == 0 {
                 break;
+            }
+            let (op, seq) = match self.outbox.queue.front() {
+                None => break,
+                // A backlog of orders: as many as the window has room for, in one pass (orders carry their numbers,
+                // so nothing is checked per order).
+                Some(Queued::Orders(_)) => {
+                    let flight = &mut self.flight;
+                    self.outbox.take_orders(room, |order| {
+                        let key = (Op::Order, order.id.seq);
+                        flight.insert(now, key, Out::new(Item::Order(order)), rto);
+                    });
+                    continue;
+                }
+                Some(Queued::One(Item::Order(o))) => (Op::Order, Some(o.id.seq)),
+                Some(Queued::One(item)) => (item.op(), None),
             };
             let number = match seq {
                 Some(seq) => seq,
@@ -452,13 +485,7 @@ impl Sender {
                 }
             };
             let item = self.outbox.pop_front().expect("looked at above");
-            let out = Out {
-                item,
-                sent_for: None,
-                sealed: None,
-                own_keys: None,
-            };
-            self.flight.insert(now, (op, number), out, self.flow.rto());
+            self.flight.insert(now, (op, number), Out::new(item), rto);
         }
     }
 

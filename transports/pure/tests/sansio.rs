@@ -612,9 +612,21 @@ fn backlogs_handed_over_at_once_mix_with_single_frames_in_order() {
 
 #[test]
 fn window_limits_records_in_flight_and_the_backlog_follows_answers() {
+    // Orders handed over one by one, and the same as one backlog (taken from it a window's room at a time).
+    for one_by_one in [true, false] {
+        window_limits_records_in_flight(one_by_one);
+    }
+}
+
+fn window_limits_records_in_flight(one_by_one: bool) {
     let mut p = Pair::new(Kind::Plain, 1, 0.0, 11);
-    for seq in 0..1000 {
-        p.push(0, 1, seq);
+    if one_by_one {
+        for seq in 0..1000 {
+            p.push(0, 1, seq);
+        }
+    } else {
+        let now = p.now;
+        p.senders[0].push_all(now, (0..1000).map(|seq| Pair::order(0, 1, seq)));
     }
     let start = p.now;
     p.step();

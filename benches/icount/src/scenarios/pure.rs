@@ -185,9 +185,7 @@ impl Link {
             .collect();
         let ids: Vec<OrderId> = orders.iter().map(|o| o.id).collect();
         let sent = s.measure_if(count_sender, || {
-            for o in orders {
-                self.sender.push(self.now, o);
-            }
+            self.sender.push_all(self.now, orders);
             self.sender.poll_transmit(self.now, &mut self.datagram)
         });
         ensure!(sent, "the sender built no datagram");
