@@ -51,9 +51,19 @@ pub const KEEP_ALIVE: Duration = Duration::from_secs(10);
 /// timeout). A handshake given up is counted in `timed_out`.
 pub const HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(10);
 
-/// How many bidirectional streams a QUIC server lets a device have open at once: quinn's and s2n-quic's default,
-/// which both servers keep. A device sends no more orders at once than this ([`crate::fleet::Connector::window`]).
+/// How many orders a device has in flight on one QUIC connection at most, one stream each (the connection fleet's
+/// window, [`crate::fleet::Connector::window`]): quinn's and s2n-quic's default stream limit, and the same window as
+/// MQTT's.
 pub const STREAMS_PER_CONNECTION: usize = 100;
+
+/// How many bidirectional streams a QUIC server lets a device have open at once: twice the device's window. A
+/// stream's credit comes back to the device only once the server has closed the stream, and a server closes it when
+/// the device has acknowledged its answer, which the device may delay by up to its ACK delay (25 ms). With the limit
+/// equal to the window, a device that had every answer of its window in hand could open no new stream until that
+/// acknowledgement went out and the server's next MAX_STREAMS came back: one s2n-quic connection ran 3,700 orders/s
+/// instead of about 150,000 (docs/performance.md, "Stream credit"). The second window is room for streams answered
+/// and not yet closed; a device still sends no more than [`STREAMS_PER_CONNECTION`] orders at once.
+pub const SERVER_STREAMS: u32 = 2 * STREAMS_PER_CONNECTION as u32;
 
 /// What both QUIC transports can do.
 pub fn capabilities() -> Capabilities {

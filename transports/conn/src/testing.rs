@@ -661,6 +661,60 @@ pub async fn streams_are_answered_whole_or_reset<C: Connector>(
     assert!(audit.is_clean() && audit.applied == 2, "{audit:?}");
 }
 
+/// The server lets a device have [`crate::quic::SERVER_STREAMS`] streams open at once, twice its window, so a device
+/// whose window is answered can open the next one's streams before the server has seen its answers acknowledged.
+/// Here, on device 0's connection: that many streams opened by hand, each with the first half of an order frame (the
+/// server keeps each open, waiting for the rest); every one must open (a server allowing only the window leaves the
+/// next open waiting for credit that never comes); then the rest of every frame: each order is stored, once.
+pub async fn a_device_may_open_twice_its_window<C: Connector>(
+    h: &Harness,
+    connector: impl MakeConnector<C>,
+    open: impl Fn(&C::Conn) -> crate::relay::client::OpenStream,
+) {
+    use crate::quic::{read_answer, SERVER_STREAMS, STREAMS_PER_CONNECTION};
+    use bytes::BytesMut;
+    use tokio::io::AsyncWriteExt;
+
+    assert!(SERVER_STREAMS as usize >= 2 * STREAMS_PER_CONNECTION);
+    let (server, connector) = server_and_connector(h, connector, 1);
+    let conn = connector.connect(0).await.unwrap();
+    let orders: Vec<Order> = (0..u64::from(SERVER_STREAMS))
+        .map(|seq| order(0, seq))
+        .collect();
+    let mut halves = Vec::new();
+    for (i, o) in orders.iter().enumerate() {
+        let mut frame = BytesMut::new();
+        transport_core::framing::encode_order(o, &mut frame);
+        let (recv, mut send) = tokio::time::timeout(Duration::from_secs(10), open(&conn)())
+            .await
+            .unwrap_or_else(|_| panic!("stream {i} did not open: the server gave no credit for it"))
+            .unwrap();
+        let rest = frame.split_off(frame.len() / 2);
+        send.write_all(&frame).await.unwrap();
+        send.flush().await.unwrap();
+        halves.push((send, rest, recv));
+    }
+    for (send, rest, _) in &mut halves {
+        send.write_all(rest).await.unwrap();
+        send.shutdown().await.unwrap();
+    }
+    for ((_, _, mut recv), o) in halves.into_iter().zip(&orders) {
+        let answer = tokio::time::timeout(Duration::from_secs(10), read_answer(&mut recv))
+            .await
+            .expect("no answer");
+        assert_eq!(answer.unwrap(), Answer::Stored(o.id));
+    }
+    connector.close(conn);
+    let s = server.kill().await;
+    assert_eq!(s.received, u64::from(SERVER_STREAMS), "{s:?}");
+    let ids: Vec<_> = orders.iter().map(|o| o.id).collect();
+    let audit = store::audit(&h.store_dir, &ids, &ids).unwrap();
+    assert!(
+        audit.is_clean() && audit.applied == ids.len() as u64,
+        "{audit:?}"
+    );
+}
+
 /// A published message of the checks: 64 bytes on `channel`.
 pub fn message(channel: u32, id: u64, qos: QoS) -> Publish {
     Publish {

@@ -133,6 +133,8 @@ fn transport_config(client: bool) -> quinn::TransportConfig {
     let mut config = quinn::TransportConfig::default();
     if client {
         config.keep_alive_interval(Some(transport_conn::quic::KEEP_ALIVE));
+    } else {
+        config.max_concurrent_bidi_streams(transport_conn::quic::SERVER_STREAMS.into());
     }
     config
 }

@@ -200,3 +200,13 @@ async fn a_handshake_left_half_open_is_given_up_and_counted() {
     let s = server.kill().await;
     assert_eq!((s.timed_out, s.handshakes), (1, 0), "{s:?}");
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_device_may_open_twice_its_window() {
+    testing::a_device_may_open_twice_its_window(
+        &harness(1),
+        QuinnConnector::new,
+        |c: &transport_quinn::client::QuinnConn| transport_quinn::client::opener(&c.conn),
+    )
+    .await;
+}

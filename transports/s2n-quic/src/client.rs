@@ -101,9 +101,14 @@ impl S2nConnector {
         let io = s2n_quic::provider::io::tokio::Builder::default()
             .with_rx_socket(socket)
             .and_then(|b| b.build())?;
-        // s2n-quic pings after the smaller of this and 3/4 of the idle timeout without activity.
+        // s2n-quic pings after the smaller of this and 3/4 of the idle timeout without activity. A device opens as
+        // many streams at once as the server allows (the fleet keeps its orders to its window): s2n-quic's own limit
+        // on the streams it opens would otherwise stop it at 100 while answered streams wait to be closed.
         let limits = Limits::new()
             .with_max_keep_alive_period(quic::KEEP_ALIVE)
+            .and_then(|l| {
+                l.with_max_open_local_bidirectional_streams(u64::from(quic::SERVER_STREAMS))
+            })
             .map_err(|e| start_error("limits", e))?;
         let anchor = if provider.derives_asym_ops() {
             Some(tls::trust_anchor(identity)?)

@@ -35,6 +35,8 @@ macro_rules! start_server {
             .map_err(|e| start_error("TLS", e))?
             .with_io($io)
             .map_err(|e| start_error("I/O", e))?
+            .with_limits(server_limits()?)
+            .map_err(|e| start_error("limits", e))?
             .with_event($events)
             .map_err(|e| start_error("events", e))?
             .with_stateless_reset_token($reset)
@@ -42,6 +44,14 @@ macro_rules! start_server {
             .start()
             .map_err(|e| start_error("server", e))?
     };
+}
+
+/// s2n-quic's defaults but for the streams a device may have open at once ([`quic::SERVER_STREAMS`], as the quinn
+/// server).
+fn server_limits() -> Result<s2n_quic::provider::limits::Limits, TransportError> {
+    s2n_quic::provider::limits::Limits::new()
+        .with_max_open_remote_bidirectional_streams(u64::from(quic::SERVER_STREAMS))
+        .map_err(|e| start_error("limits", e))
 }
 
 /// Run the server with `provider`'s TLS until the future is dropped (or the endpoint stops).

@@ -191,3 +191,14 @@ async fn streams_are_answered_whole_or_reset() {
 async fn a_fleet_of_a_slice_of_devices_keeps_their_numbers() {
     testing::a_slice_keeps_device_numbers(&harness(Provider::S2nTls, 12), 5, 7).await;
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_device_may_open_twice_its_window() {
+    let h = harness(Provider::S2nTls, 1);
+    testing::a_device_may_open_twice_its_window(
+        &h,
+        connector(Provider::S2nTls, &h),
+        transport_s2n_quic::client::opener,
+    )
+    .await;
+}
