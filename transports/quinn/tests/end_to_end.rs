@@ -9,6 +9,11 @@ use transport_conn::testing::{self, any_port, order, Harness};
 use transport_core::Counters;
 use transport_quinn::QuinnConnector;
 
+/// Streams opened by hand on a device's connection (the checks that speak the protocol themselves).
+fn opener(c: &transport_quinn::client::QuinnConn) -> transport_conn::relay::client::OpenStream {
+    transport_quinn::client::opener(&c.conn)
+}
+
 fn harness(devices: u32) -> Harness {
     Harness::new(Box::new(transport_quinn::Quinn::default()), devices)
 }
@@ -152,19 +157,14 @@ async fn qos1_deliveries_never_acknowledged_go_again_on_the_next_connection() {
     testing::unacknowledged_qos1_goes_again_on_the_next_connection(
         &harness(2),
         QuinnConnector::new,
-        |c: &transport_quinn::client::QuinnConn| transport_quinn::client::opener(&c.conn),
+        opener,
     )
     .await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn streams_are_answered_whole_or_reset() {
-    testing::streams_are_answered_whole_or_reset(
-        &harness(1),
-        QuinnConnector::new,
-        |c: &transport_quinn::client::QuinnConn| transport_quinn::client::opener(&c.conn),
-    )
-    .await;
+    testing::streams_are_answered_whole_or_reset(&harness(1), QuinnConnector::new, opener).await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -203,10 +203,5 @@ async fn a_handshake_left_half_open_is_given_up_and_counted() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_device_may_open_twice_its_window() {
-    testing::a_device_may_open_twice_its_window(
-        &harness(1),
-        QuinnConnector::new,
-        |c: &transport_quinn::client::QuinnConn| transport_quinn::client::opener(&c.conn),
-    )
-    .await;
+    testing::a_device_may_open_twice_its_window(&harness(1), QuinnConnector::new, opener).await;
 }
