@@ -603,11 +603,13 @@ impl<C: Connector> Device<C> {
                     None => self.drop_connection(),
                 },
                 Some((id, generation, result)) = self.in_flight.next(), if !self.in_flight.is_empty() => {
-                    self.answered(id, generation, result);
-                    // Every other answer already in, before the window is filled again: the orders that take
-                    // their places then go out together (one write on a byte stream), not one per answer.
+                    // Every answer already in is taken now, with the one time it was taken at, as a pipelined
+                    // connection's batch is; before the window is filled again: the orders that take their
+                    // places then go out together (one write on a byte stream), not one per answer.
+                    let at = std::time::Instant::now();
+                    self.answered(id, generation, result, at);
                     while let Some(Some((id, generation, result))) = self.in_flight.next().now_or_never() {
-                        self.answered(id, generation, result);
+                        self.answered(id, generation, result, at);
                     }
                 }
                 Some((channel, generation, result)) = self.pubsub.confirming.next(),
@@ -858,10 +860,16 @@ impl<C: Connector> Device<C> {
         }
     }
 
-    /// The result of order `id`'s request, sent on connection `generation`.
-    fn answered(&mut self, id: OrderId, generation: u64, result: Result<Answer, TransportError>) {
+    /// The result of order `id`'s request, sent on connection `generation`, taken `at`.
+    fn answered(
+        &mut self,
+        id: OrderId,
+        generation: u64,
+        result: Result<Answer, TransportError>,
+        at: std::time::Instant,
+    ) {
         match result {
-            Ok(answer) if answer.id() == id => self.answer(answer, generation),
+            Ok(answer) if answer.id() == id => self.answer_at(answer, generation, at),
             // The request failed, or answered another order than the one sent (the connection cannot be
             // trusted): if on the current connection, that connection is broken.
             _ => {
@@ -878,10 +886,6 @@ impl<C: Connector> Device<C> {
         for answer in batch {
             self.answer_at(answer, self.generation, at);
         }
-    }
-
-    fn answer(&mut self, answer: Answer, generation: u64) {
-        self.answer_at(answer, generation, std::time::Instant::now());
     }
 
     /// The server's answer to an order, from connection `generation`, taken `at`: reported once.

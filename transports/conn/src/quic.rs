@@ -286,17 +286,50 @@ async fn answer(
     }
 }
 
-/// The device's side: the server's answer to the order written on a stream, read from the stream's receiving side.
+/// The longest answer frame: an order's id with the length prefix and the type byte.
+const ANSWER_FRAME: usize = framing::LEN_PREFIX + 1 + framing::ID_LEN;
+
+/// The buffer [`read_answer`] reads into, on its stack (a device's answer costs no allocation): longer than any
+/// answer, so the read that takes the answer also has room to find the stream's end behind it. A library may need
+/// that: a quinn receiving stream dropped before its end was read sends the server a STOP_SENDING frame.
+const ANSWER_BUFFER: usize = 64;
+
+/// The device's side: the server's answer to the order written on a stream, read from the stream's receiving side
+/// (one `Stored` or `Refused` frame; what follows it is not read). An error if the stream ends before a whole frame,
+/// or its first frame is malformed or not an answer.
 pub async fn read_answer<R: AsyncRead + Unpin>(recv: &mut R) -> Result<Answer, TransportError> {
-    let mut buf = BytesMut::with_capacity(64);
-    match framing::read_frame(recv, &mut buf).await? {
-        Some(Frame::Stored(id)) => Ok(Answer::Stored(id)),
-        Some(Frame::Refused(id)) => Ok(Answer::Refused(id)),
-        Some(Frame::Order(_)) => Err(TransportError::Protocol(
+    let mut buf = [0u8; ANSWER_BUFFER];
+    let mut filled = 0;
+    let len = loop {
+        match framing::check(&buf[..filled])? {
+            Some(len) => break len,
+            // A frame longer than any answer: an order, or not this protocol.
+            None if filled >= framing::LEN_PREFIX => {
+                let announced = framing::LEN_PREFIX
+                    + u32::from_be_bytes(*buf.first_chunk().expect("a length prefix")) as usize;
+                if announced > ANSWER_FRAME {
+                    return Err(TransportError::Protocol(format!(
+                        "a frame of {announced} bytes from the server where an answer ({ANSWER_FRAME}) was expected"
+                    )));
+                }
+            }
+            None => {}
+        }
+        let read = recv.read(&mut buf[filled..]).await?;
+        if read == 0 {
+            return Err(TransportError::Protocol(if filled == 0 {
+                "stream ended without an answer".into()
+            } else {
+                format!("stream ended inside an answer, after {filled} bytes")
+            }));
+        }
+        filled += read;
+    };
+    match framing::parse_body(&buf[framing::LEN_PREFIX..len])? {
+        Frame::Stored(id) => Ok(Answer::Stored(id)),
+        Frame::Refused(id) => Ok(Answer::Refused(id)),
+        Frame::Order(_) => Err(TransportError::Protocol(
             "an order frame from the server".into(),
-        )),
-        None => Err(TransportError::Protocol(
-            "stream ended without an answer".into(),
         )),
     }
 }
@@ -397,6 +430,71 @@ mod tests {
         let mut buf = BytesMut::new();
         framing::encode_order(order, &mut buf);
         buf.to_vec()
+    }
+
+    /// Reads `bytes` `step` at a time, as a stream whose data arrives in pieces.
+    struct Pieces<'a> {
+        bytes: &'a [u8],
+        step: usize,
+    }
+
+    impl AsyncRead for Pieces<'_> {
+        fn poll_read(
+            mut self: Pin<&mut Self>,
+            _: &mut Context<'_>,
+            buf: &mut tokio::io::ReadBuf<'_>,
+        ) -> Poll<std::io::Result<()>> {
+            let n = self.step.min(self.bytes.len()).min(buf.remaining());
+            buf.put_slice(&self.bytes[..n]);
+            self.bytes = &self.bytes[n..];
+            Poll::Ready(Ok(()))
+        }
+    }
+
+    #[tokio::test]
+    async fn a_device_reads_one_answer_however_it_arrives_and_nothing_else() {
+        let id = order(7, 3).id;
+        let mut stored = BytesMut::new();
+        framing::encode_stored(&id, &mut stored);
+        let mut refused = BytesMut::new();
+        framing::encode(&Frame::Refused(id), &mut refused);
+        let read = |bytes: Vec<u8>, step| async move {
+            read_answer(&mut Pieces {
+                bytes: &bytes,
+                step,
+            })
+            .await
+        };
+        for step in [1, 5, 64] {
+            assert_eq!(
+                read(stored.to_vec(), step).await.unwrap(),
+                Answer::Stored(id)
+            );
+            assert_eq!(
+                read(refused.to_vec(), step).await.unwrap(),
+                Answer::Refused(id)
+            );
+            // What follows the answer is not read.
+            let mut more = stored.to_vec();
+            more.extend_from_slice(&refused);
+            assert_eq!(read(more, step).await.unwrap(), Answer::Stored(id));
+            // Not an answer: an order, a frame too long, a frame of an unknown type, a length over the maximum.
+            let err = read(frame(&order(7, 4)), step)
+                .await
+                .unwrap_err()
+                .to_string();
+            assert!(err.contains("where an answer"), "{err}");
+            let mut unknown = stored.to_vec();
+            unknown[framing::LEN_PREFIX] = 0xee;
+            assert!(read(unknown, step).await.is_err());
+            assert!(read(u32::MAX.to_be_bytes().to_vec(), step).await.is_err());
+            // Ended before an answer, or inside one.
+            let err = read(vec![], step).await.unwrap_err().to_string();
+            assert!(err.contains("without an answer"), "{err}");
+            let cut = stored[..stored.len() - 1].to_vec();
+            let err = read(cut, step).await.unwrap_err().to_string();
+            assert!(err.contains("inside an answer"), "{err}");
+        }
     }
 
     #[tokio::test]

@@ -545,7 +545,7 @@ pub async fn foreign_devices_are_refused<C: Connector>(
 
 /// A server of `h` on a port of its own, and a connector to it for `devices` of `h`'s devices (its counters its own):
 /// for checks that drive a connection by hand rather than through a fleet.
-fn server_and_connector<C: Connector>(
+pub fn server_and_connector<C: Connector>(
     h: &Harness,
     connector: impl MakeConnector<C>,
     devices: u32,

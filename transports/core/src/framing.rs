@@ -33,7 +33,8 @@ pub const MAX_FRAME_PAYLOAD: usize = MAX_FRAME - 1 - ORDER_HEADER;
 const TYPE_ORDER: u8 = 1;
 const TYPE_STORED: u8 = 2;
 const TYPE_REFUSED: u8 = 3;
-const ID_LEN: usize = 24;
+/// The length of an order's id on the wire (sender, run, seq).
+pub const ID_LEN: usize = 24;
 
 /// One frame on a stream.
 #[derive(Debug, Clone, PartialEq, Eq)]

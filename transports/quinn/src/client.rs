@@ -169,7 +169,8 @@ impl Connector for QuinnConnector {
                 .open_bi()
                 .await
                 .map_err(|e| TransportError::protocol("open stream", e))?;
-            send.write_all(&frame)
+            // Handed over as it is: quinn queues the frame without copying it (`write_all` would).
+            send.write_chunk(frame.freeze())
                 .await
                 .map_err(|e| TransportError::protocol("write", e))?;
             let _ = send.finish();

@@ -205,3 +205,24 @@ async fn a_handshake_left_half_open_is_given_up_and_counted() {
 async fn a_device_may_open_twice_its_window() {
     testing::a_device_may_open_twice_its_window(&harness(1), QuinnConnector::new, opener).await;
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_device_reads_each_answer_to_its_streams_end() {
+    // A quinn receiving stream dropped before its end was read sends the server STOP_SENDING: an order answered
+    // costs its stream and nothing more on the wire.
+    let h = harness(1);
+    let (server, connector) = testing::server_and_connector(&h, QuinnConnector::new, 1);
+    let conn = connector.connect(0).await.unwrap();
+    for seq in 0..50 {
+        let o = order(0, seq);
+        let answer = connector.send_order(&conn, &o).await.unwrap();
+        assert_eq!(answer, Answer::Stored(o.id));
+    }
+    // (A stream's FIN may go in a STREAM frame of its own, after the order's bytes: at least 50 of those.)
+    let sent = conn.conn.stats().frame_tx;
+    assert!(sent.stream >= 50, "{sent:?}");
+    assert_eq!((sent.stop_sending, sent.reset_stream), (0, 0), "{sent:?}");
+    connector.close(conn);
+    let s = server.kill().await;
+    assert_eq!(s.received, 50, "{s:?}");
+}

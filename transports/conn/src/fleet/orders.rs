@@ -227,6 +227,66 @@ mod tests {
     }
 
     #[test]
+    fn answers_in_any_order_take_each_order_once() {
+        let t0 = Instant::now();
+        let mut o = Orders::default();
+        for seq in 0..1_000 {
+            assert!(o.push(order(seq)));
+        }
+        assert_eq!(sent_within(&mut o, 1, 100, t0).len(), 100);
+        // Answered last first, as a connection's streams may answer.
+        for seq in (0..100).rev() {
+            assert!(o.remove(&order(seq).id));
+            assert!(!o.remove(&order(seq).id), "answered once");
+            assert!(!o.push(order(seq + 100)), "{} is unanswered", seq + 100);
+        }
+        assert_eq!(sent_within(&mut o, 1, 100, t0).len(), 100);
+        assert_eq!(o.clear(), 900);
+    }
+
+    #[test]
+    fn every_order_is_unanswered_until_answered_once_whatever_happens() {
+        // Orders pushed, sent, answered (in and out of order, twice, never sent) and connections dropped at random,
+        // against a set of the unanswered ids.
+        let t0 = Instant::now();
+        let mut o = Orders::default();
+        let mut model = std::collections::BTreeSet::new();
+        let mut generation = 1;
+        let mut x: u64 = 0x2545_f491_4f6c_dd1d;
+        for _ in 0..50_000 {
+            x ^= x << 13;
+            x ^= x >> 7;
+            x ^= x << 17;
+            let seq = (x >> 20) % 400;
+            match x % 7 {
+                0..=2 => assert_eq!(o.push(order(seq)), model.insert(seq), "push {seq}"),
+                3 | 4 => assert_eq!(o.remove(&order(seq).id), model.remove(&seq), "answer {seq}"),
+                5 => {
+                    let window = 1 + (x >> 40) as usize % 50;
+                    for (s, _) in sent_within(&mut o, generation, window, t0) {
+                        assert!(model.contains(&s), "{s} sent after its answer");
+                    }
+                }
+                _ if x.is_multiple_of(5) => {
+                    o.connection_dropped();
+                    generation += 1;
+                }
+                _ => {}
+            }
+            assert_eq!(o.is_empty(), model.is_empty());
+        }
+        // Everything unanswered goes on a new connection, each once.
+        generation += 1;
+        let mut all: Vec<u64> = sent(&mut o, generation, t0)
+            .into_iter()
+            .map(|(s, _)| s)
+            .collect();
+        all.sort_unstable();
+        assert_eq!(all, model.iter().copied().collect::<Vec<_>>());
+        assert_eq!(o.clear(), model.len());
+    }
+
+    #[test]
     fn the_oldest_send_skips_answered_orders() {
         let t0 = Instant::now();
         let mut o = Orders::default();
