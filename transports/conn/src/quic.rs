@@ -432,25 +432,6 @@ mod tests {
         buf.to_vec()
     }
 
-    /// Reads `bytes` `step` at a time, as a stream whose data arrives in pieces.
-    struct Pieces<'a> {
-        bytes: &'a [u8],
-        step: usize,
-    }
-
-    impl AsyncRead for Pieces<'_> {
-        fn poll_read(
-            mut self: Pin<&mut Self>,
-            _: &mut Context<'_>,
-            buf: &mut tokio::io::ReadBuf<'_>,
-        ) -> Poll<std::io::Result<()>> {
-            let n = self.step.min(self.bytes.len()).min(buf.remaining());
-            buf.put_slice(&self.bytes[..n]);
-            self.bytes = &self.bytes[n..];
-            Poll::Ready(Ok(()))
-        }
-    }
-
     #[tokio::test]
     async fn a_device_reads_one_answer_however_it_arrives_and_nothing_else() {
         let id = order(7, 3).id;
@@ -459,11 +440,7 @@ mod tests {
         let mut refused = BytesMut::new();
         framing::encode(&Frame::Refused(id), &mut refused);
         let read = |bytes: Vec<u8>, step| async move {
-            read_answer(&mut Pieces {
-                bytes: &bytes,
-                step,
-            })
-            .await
+            read_answer(&mut framing::Pieces::new(&bytes, step)).await
         };
         for step in [1, 5, 64] {
             assert_eq!(

@@ -264,6 +264,37 @@ pub async fn write_frame<W: AsyncWrite + Unpin>(
     Ok(())
 }
 
+/// A reader that hands out a byte slice at most `step` bytes per read, then ends: a stream whose data arrives in
+/// pieces, for checks of the code that reads frames (every piece size from one byte up should give the same frames).
+#[derive(Debug)]
+pub struct Pieces<'a> {
+    bytes: &'a [u8],
+    step: usize,
+}
+
+impl<'a> Pieces<'a> {
+    /// `bytes`, at most `step` (at least 1) per read.
+    pub fn new(bytes: &'a [u8], step: usize) -> Self {
+        Pieces {
+            bytes,
+            step: step.max(1),
+        }
+    }
+}
+
+impl AsyncRead for Pieces<'_> {
+    fn poll_read(
+        mut self: std::pin::Pin<&mut Self>,
+        _: &mut std::task::Context<'_>,
+        out: &mut tokio::io::ReadBuf<'_>,
+    ) -> std::task::Poll<std::io::Result<()>> {
+        let n = self.step.min(self.bytes.len()).min(out.remaining());
+        out.put_slice(&self.bytes[..n]);
+        self.bytes = &self.bytes[n..];
+        std::task::Poll::Ready(Ok(()))
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -432,22 +463,8 @@ mod tests {
         ));
     }
 
-    /// A reader that hands out `bytes` at most `step` bytes per read.
-    fn pieces(bytes: &[u8], step: usize) -> impl AsyncRead + Unpin + '_ {
-        struct Pieces<'a>(&'a [u8], usize);
-        impl AsyncRead for Pieces<'_> {
-            fn poll_read(
-                mut self: std::pin::Pin<&mut Self>,
-                _: &mut std::task::Context<'_>,
-                out: &mut tokio::io::ReadBuf<'_>,
-            ) -> std::task::Poll<std::io::Result<()>> {
-                let n = self.1.min(self.0.len()).min(out.remaining());
-                out.put_slice(&self.0[..n]);
-                self.0 = &self.0[n..];
-                std::task::Poll::Ready(Ok(()))
-            }
-        }
-        Pieces(bytes, step)
+    fn pieces(bytes: &[u8], step: usize) -> Pieces<'_> {
+        Pieces::new(bytes, step)
     }
 
     #[test]
