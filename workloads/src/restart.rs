@@ -186,7 +186,7 @@ async fn restart(run: &mut Run<'_>, p: &RestartParams) -> Result<(), WorkloadErr
 
     let runs: Vec<u64> = (0..p.devices).map(|_| harness::new_run()).collect();
     let sender_ids: Vec<u64> = (0..p.devices)
-        .map(|d| transport_core::sender_id(&transport_core::device_name(d)))
+        .map(transport_core::device_sender_id)
         .collect();
     let period = Duration::from_millis(p.period_ms);
     let total = (p.duration_s * 1000.0 / p.period_ms as f64 * p.devices as f64).round() as u64;

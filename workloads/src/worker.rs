@@ -495,7 +495,7 @@ impl Workers {
 pub fn first_order_ids(links: u32, run: u64) -> Vec<OrderId> {
     (0..links)
         .map(|d| OrderId {
-            sender: transport_core::sender_id(&transport_core::device_name(d)),
+            sender: transport_core::device_sender_id(d),
             run,
             seq: 0,
         })

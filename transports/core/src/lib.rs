@@ -28,7 +28,7 @@ pub mod transport;
 
 pub use commit::{CommitError, OrderStore, Outcome, SharedStore, StateSyncs};
 pub use counters::{AsymCosts, CounterSnapshot, Counters};
-pub use order::{device_name, sender_id, Order, OrderId, MAX_PAYLOAD};
+pub use order::{device_name, device_sender_id, sender_id, Order, OrderId, MAX_PAYLOAD};
 pub use transport::{
     BoxFuture, Capabilities, Fleet, FleetConfig, LinkEvent, MemorySource, Need, Publish, QoS,
     Ready, ServeConfig, Spec, Support, Transport,
