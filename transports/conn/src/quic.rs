@@ -301,19 +301,16 @@ pub async fn read_answer<R: AsyncRead + Unpin>(recv: &mut R) -> Result<Answer, T
     let mut buf = [0u8; ANSWER_BUFFER];
     let mut filled = 0;
     let len = loop {
-        match framing::check(&buf[..filled])? {
-            Some(len) => break len,
-            // A frame longer than any answer: an order, or not this protocol.
-            None if filled >= framing::LEN_PREFIX => {
-                let announced = framing::LEN_PREFIX
-                    + u32::from_be_bytes(*buf.first_chunk().expect("a length prefix")) as usize;
-                if announced > ANSWER_FRAME {
-                    return Err(TransportError::Protocol(format!(
-                        "a frame of {announced} bytes from the server where an answer ({ANSWER_FRAME}) was expected"
-                    )));
-                }
+        if let Some(len) = framing::check(&buf[..filled])? {
+            break len;
+        }
+        // A frame longer than any answer: an order, or not this protocol.
+        if let Some(announced) = framing::announced_len(&buf[..filled]) {
+            if announced > ANSWER_FRAME {
+                return Err(TransportError::Protocol(format!(
+                    "a frame of {announced} bytes from the server where an answer ({ANSWER_FRAME}) was expected"
+                )));
             }
-            None => {}
         }
         let read = recv.read(&mut buf[filled..]).await?;
         if read == 0 {

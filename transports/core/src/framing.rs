@@ -174,20 +174,27 @@ fn encode_answer(kind: u8, id: &OrderId, out: &mut BytesMut) {
     put_id(id, out);
 }
 
+/// The length the frame at the start of `buf` announces, length prefix included, once its prefix is there
+/// (whether or not the rest has arrived, and unchecked against [`MAX_FRAME`]).
+pub fn announced_len(buf: &[u8]) -> Option<usize> {
+    buf.first_chunk::<LEN_PREFIX>()
+        .map(|prefix| LEN_PREFIX + u32::from_be_bytes(*prefix) as usize)
+}
+
 /// The length of the whole frame at the start of `buf`, if it is all there: `Ok(None)` means read more. Refuses an
 /// oversized length before any of the body arrives.
 pub fn check(buf: &[u8]) -> Result<Option<usize>, FrameError> {
-    let Some(prefix) = buf.first_chunk::<LEN_PREFIX>() else {
+    let Some(whole) = announced_len(buf) else {
         return Ok(None);
     };
-    let len = u32::from_be_bytes(*prefix) as usize;
+    let len = whole - LEN_PREFIX;
     if len > MAX_FRAME {
         return Err(FrameError::Oversized {
             len,
             max: MAX_FRAME,
         });
     }
-    Ok((buf.len() >= LEN_PREFIX + len).then_some(LEN_PREFIX + len))
+    Ok((buf.len() >= whole).then_some(whole))
 }
 
 /// Parse one frame's body (without its length prefix); every byte must belong to the frame.
@@ -222,10 +229,7 @@ pub fn decode(buf: &mut BytesMut) -> Result<Option<Frame>, FrameError> {
 /// costs one small allocation; a long one grows by doubling as its bytes arrive, so a peer that announces a long
 /// frame and sends nothing more holds no more than twice what it sent.
 pub fn make_room(buf: &mut BytesMut) {
-    let frame = match buf.first_chunk::<LEN_PREFIX>() {
-        Some(prefix) => LEN_PREFIX + u32::from_be_bytes(*prefix) as usize,
-        None => LEN_PREFIX,
-    };
+    let frame = announced_len(buf).unwrap_or(LEN_PREFIX);
     let wanted = frame.saturating_sub(buf.len()).clamp(1, buf.len().max(256));
     if buf.capacity() - buf.len() < wanted {
         buf.reserve(wanted);
