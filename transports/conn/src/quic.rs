@@ -5,6 +5,12 @@
 //! frame and finishes ([`serve_stream`]), or resets the stream with one of the [`codes`]; the device reads the answer
 //! with [`read_answer`]. The device's identity is its certificate's common name, and each order's sender must be it.
 //!
+//! The server answers as soon as the order frame is whole; it does not wait for the end of the device's side. A
+//! stream whose end has not arrived when the server lets go of it has its receiving side stopped by the library
+//! (STOP_SENDING with code 0, in quinn and in s2n-quic): the order is stored and answered all the same, but a device
+//! that waits for its own side's end to be acknowledged (s2n-quic's `close`) may be told the stream was stopped.
+//! The suite's devices send the frame and its end together, so they never see it.
+//!
 //! The same connections carry publish/subscribe ([`crate::relay`]): a stream whose first frame is a relay frame is
 //! a subscription or the device's publish stream. [`serve_stream`] reads a stream's first frame and serves it as
 //! what it is.
