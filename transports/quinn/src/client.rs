@@ -173,7 +173,9 @@ impl Connector for QuinnConnector {
             send.write_chunk(frame.freeze())
                 .await
                 .map_err(|e| TransportError::protocol("write", e))?;
-            let _ = send.finish();
+            // Finished by its drop (quinn finishes a send stream dropped open): one lock of the connection where
+            // `finish` and then the drop took two.
+            drop(send);
             quic::read_answer(&mut recv).await
         })
     }

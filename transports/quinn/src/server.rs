@@ -195,14 +195,13 @@ async fn connection(incoming: Incoming, serving: Arc<Serving>) {
     quic::serve_each(streams, |(send, recv)| stream(send, recv, sender, &serving)).await;
 }
 
-/// One stream served ([`quic::serve_stream`]); then finished or reset as it says.
+/// One stream served ([`quic::serve_stream`]); then finished or reset as it says. An answered stream is finished by
+/// the drop of its sending side (quinn finishes a send stream dropped open: one lock of the connection where `finish`
+/// and then the drop took two).
 async fn stream(mut send: SendStream, mut recv: RecvStream, sender: u64, serving: &Serving) {
     let code = |code| VarInt::from_u32(code);
     match quic::serve_stream(&mut recv, &mut send, sender, serving).await {
-        Served::Answered => {
-            let _ = send.finish();
-        }
-        Served::Gone => {}
+        Served::Answered | Served::Gone => {}
         Served::Malformed => {
             let _ = send.reset(code(codes::MALFORMED));
             let _ = recv.stop(code(codes::MALFORMED));

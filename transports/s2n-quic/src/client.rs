@@ -185,7 +185,9 @@ impl Connector for S2nConnector {
             send.send(frame.freeze())
                 .await
                 .map_err(|e| TransportError::protocol("write", e))?;
-            let _ = send.finish();
+            // Finished by its drop: s2n-quic finishes a send stream dropped open in the request that releases it,
+            // where `finish` was one request and the drop, still finishing, another.
+            drop(send);
             quic::read_answer(&mut recv).await
         })
     }
