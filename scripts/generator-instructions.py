@@ -2,8 +2,9 @@
 """The load generator's instructions per order, or the server's, counted with callgrind (docs/performance.md, "The
 device's work per order, counted").
 
-    scripts/generator-instructions.py [--runner target/release/runner] [--transport quinn] [--clients 16]
-                                      [--orders 20000] [--top 30] [--keep DIR] [--side generator|server]
+    scripts/generator-instructions.py [--runner target/release/runner] [--transport quinn[,s2n-quic,...]]
+                                      [--clients 16] [--orders 20000] [--top 30] [--keep DIR]
+                                      [--side generator|server|generator,server] [--out FILE]
 
 Runs the drain twice under callgrind, with ORDERS and with twice as many (`--workload drain --sync none --profile
 quick`), the runner's own process (the generator) counted and the server it starts not (`--trace-children=no`).
@@ -18,12 +19,19 @@ is counted; the generator then is no longer the only slow one, and the counts ar
 at about its own pace.
 
 Exits non-zero if either run re-sent, lost or left an order unanswered (a connection given up under callgrind's
-slowness would count its handshake and re-sends as per-order work). The counts of one build repeat within about
-10 instructions per order; under callgrind the generator is the bottleneck, so they are those of a saturated
-generator. Needs valgrind.
+slowness would count its handshake and re-sends as per-order work). Under callgrind the generator is the
+bottleneck, so the generator's counts are those of a saturated generator. The counts of one build repeat within
+about 2% (generators) and 4% (servers, whose batching follows the pace of two slowed processes). Needs valgrind.
+
+With `--out FILE` each transport and side is appended to FILE as an icount record (schema icount/1, scenario
+`drain/SIDE/TRANSPORT/devices=N`, the drain's part per order), so the icount tool compares it with a baseline:
+CI counts quinn, s2n-quic and mqtt, both sides, and holds them to baseline-data/icount/drain.jsonl within 6%
+(`target/release/icount compare --tolerance 6 baseline-data/icount/drain.jsonl FILE`). To renew that baseline,
+`--repeat 3 --out` (the median of three counts) on the new build, and commit it with the change.
 """
 
 import argparse
+import json
 import os
 import re
 import subprocess
@@ -97,42 +105,104 @@ def functions(path):
     return costs
 
 
-def main():
-    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    p.add_argument("--runner", default="target/release/runner")
-    p.add_argument("--transport", default="quinn")
-    p.add_argument("--clients", type=int, default=16)
-    p.add_argument("--orders", type=int, default=20000)
-    p.add_argument("--top", type=int, default=30)
-    p.add_argument(
-        "--side", choices=("generator", "server"), default="generator",
-        help="whose instructions: the generator's (the runner's process), or the server's (both run under callgrind)",
-    )
-    p.add_argument("--keep", help="keep callgrind's outputs in this directory")
-    a = p.parse_args()
+def provenance(icount):
+    """What a count depends on besides the code, as the icount tool records it (benches/icount/src/results.rs)."""
+    def out(cmd):
+        return subprocess.run(cmd, capture_output=True, text=True, check=True).stdout.strip()
 
-    work = a.keep or tempfile.mkdtemp(prefix="generator-instructions-")
-    os.makedirs(work, exist_ok=True)
-    small, large = (os.path.join(work, f"callgrind.{n}") for n in (a.orders, 2 * a.orders))
-    run(a.runner, a.transport, a.clients, a.orders, small, a.side)
-    run(a.runner, a.transport, a.clients, 2 * a.orders, large, a.side)
+    cpu = next(
+        (line.split(":", 1)[1].strip() for line in open("/proc/cpuinfo") if line.startswith("model name")), "unknown"
+    )
+    commit = out(["git", "rev-parse", "--short=12", "HEAD"])
+    if out(["git", "status", "--porcelain", "--untracked-files=no"]):
+        commit += "-dirty"
+    return {
+        "valgrind": out(["valgrind", "--version"]),
+        "commit": commit,
+        "rustc": out(["rustc", "--version"]),
+        "cpu": cpu,
+        # The features the libraries choose their code paths by, as a program sees them under valgrind.
+        "cpu_features": out(["valgrind", "-q", "--tool=none", icount, "cpu-features"]),
+    }
+
+
+def count(a, transport, side, work):
+    """Count one transport's side: (all instructions per order, the drain's part, per function)."""
+    small, large = (os.path.join(work, f"callgrind.{transport}.{side}.{n}") for n in (a.orders, 2 * a.orders))
+    run(a.runner, transport, a.clients, a.orders, small, side)
+    run(a.runner, transport, a.clients, 2 * a.orders, large, side)
     before, after = functions(small), functions(large)
     per_order = {f: (after[f] - before.get(f, 0)) / a.orders for f in after}
-    total = sum(per_order.values())
     # The server has no backlog to make and no audit to run: all of its work per order is the drain's.
-    setup = SETUP if a.side == "generator" else ()
+    setup = SETUP if side == "generator" else ()
     drain = {f: v for f, v in per_order.items() if not any(s in f for s in setup)}
-
-    print(f"{a.transport}, {a.clients} devices, {a.orders} and {2 * a.orders} orders ({a.runner})")
-    print(f"{a.side} instructions per order: {total:,.0f}; the drain's part: {sum(drain.values()):,.0f}")
-    print(f"\n| instructions per order | function (the drain's part) |\n|---:|---|")
-    for f, v in sorted(drain.items(), key=lambda kv: -kv[1])[: a.top]:
-        print(f"| {v:,.1f} | `{f[:120]}` |")
     if not a.keep:
         for path in (small, large):
             for suffix in ("", ".jsonl"):
                 if os.path.exists(path + suffix):
                     os.remove(path + suffix)
+    return sum(per_order.values()), drain
+
+
+def main():
+    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    p.add_argument("--runner", default="target/release/runner")
+    p.add_argument("--transport", default="quinn", help="one transport or several, comma-separated")
+    p.add_argument("--clients", type=int, default=16)
+    p.add_argument("--orders", type=int, default=20000)
+    p.add_argument("--top", type=int, default=30)
+    p.add_argument(
+        "--side", default="generator",
+        help="whose instructions: `generator` (the runner's process), `server` (both run under callgrind), or both "
+        "(`generator,server`)",
+    )
+    p.add_argument("--keep", help="keep callgrind's outputs in this directory")
+    p.add_argument(
+        "--out", help="append one icount record per transport and side to this file (JSON lines, icount/1: compare "
+        "with `icount compare BASELINE FILE`)",
+    )
+    p.add_argument("--icount", default="target/release/icount", help="the icount tool (its CPU features, for --out)")
+    p.add_argument(
+        "--repeat", type=int, default=1,
+        help="count each transport and side this many times and keep the median (to renew a baseline: 3)",
+    )
+    a = p.parse_args()
+    sides = a.side.split(",")
+    if any(side not in ("generator", "server") for side in sides):
+        sys.exit(f"--side: `generator`, `server` or both, not `{a.side}`")
+    if a.out and not os.path.exists(a.icount):
+        sys.exit(f"--out needs the icount tool for the CPU features, not found at {a.icount} (cargo build --release -p icount)")
+    made = provenance(a.icount) if a.out else None
+
+    work = a.keep or tempfile.mkdtemp(prefix="generator-instructions-")
+    os.makedirs(work, exist_ok=True)
+    for transport in a.transport.split(","):
+        for side in sides:
+            counts = sorted((count(a, transport, side, work) for _ in range(a.repeat)), key=lambda c: sum(c[1].values()))
+            if a.repeat > 1:
+                print(f"{transport}, {side}, the drain's part of {a.repeat} counts: "
+                      + ", ".join(f"{sum(c[1].values()):,.0f}" for c in counts))
+            total, drain = counts[len(counts) // 2]
+            part = sum(drain.values())
+            print(f"{transport}, {a.clients} devices, {a.orders} and {2 * a.orders} orders ({a.runner})")
+            print(f"{side} instructions per order: {total:,.0f}; the drain's part: {part:,.0f}")
+            if a.top:
+                print(f"\n| instructions per order | function (the drain's part) |\n|---:|---|")
+                for f, v in sorted(drain.items(), key=lambda kv: -kv[1])[: a.top]:
+                    print(f"| {v:,.1f} | `{f[:120]}` |")
+                print()
+            if a.out:
+                record = {
+                    "schema": "icount/1",
+                    "scenario": f"drain/{side}/{transport}/devices={a.clients}",
+                    "instructions_per_op": round(part, 1),
+                    "instructions": round(part * a.orders),
+                    "iterations": a.orders,
+                    **made,
+                }
+                with open(a.out, "a") as f:
+                    f.write(json.dumps(record) + "\n")
+    if not a.keep:
         os.rmdir(work)
 
 

@@ -48,6 +48,9 @@ enum Command {
         /// The growth allowed, in percent.
         #[arg(long, default_value_t = DEFAULT_TOLERANCE_PCT)]
         tolerance: f64,
+        /// When the baseline was counted on another machine class, say so and pass (as `measure` does).
+        #[arg(long)]
+        skip_other_machine: bool,
     },
 }
 
@@ -113,10 +116,11 @@ fn run(cli: Cli) -> anyhow::Result<()> {
             baseline,
             results: now,
             tolerance,
+            skip_other_machine,
         } => {
             let comparison =
                 Comparison::new(&results::read(&baseline)?, &results::read(&now)?, tolerance);
-            verdict(&comparison, false)
+            verdict(&comparison, skip_other_machine)
         }
     }
 }
