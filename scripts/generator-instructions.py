@@ -20,8 +20,8 @@ at about its own pace.
 
 Exits non-zero if either run re-sent, lost or left an order unanswered (a connection given up under callgrind's
 slowness would count its handshake and re-sends as per-order work). Under callgrind the generator is the
-bottleneck, so the generator's counts are those of a saturated generator. The counts of one build repeat within
-about 2% (generators) and 4% (servers, whose batching follows the pace of two slowed processes). Needs valgrind.
+bottleneck, so the generator's counts are those of a saturated generator. The counts of one build stay within
+about 3% of their median (a server's batching follows the pace of two slowed processes). Needs valgrind.
 
 With `--out FILE` each transport and side is appended to FILE as an icount record (schema icount/1, scenario
 `drain/SIDE/TRANSPORT/devices=N`, the drain's part per order), so the icount tool compares it with a baseline:
@@ -167,6 +167,8 @@ def main():
         help="count each transport and side this many times and keep the median (to renew a baseline: 3)",
     )
     a = p.parse_args()
+    if a.repeat < 1:
+        sys.exit("--repeat: at least 1")
     sides = a.side.split(",")
     if any(side not in ("generator", "server") for side in sides):
         sys.exit(f"--side: `generator`, `server` or both, not `{a.side}`")
