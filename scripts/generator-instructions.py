@@ -25,12 +25,13 @@ about 3% of their median (a server's batching follows the pace of two slowed pro
 
 With `--out FILE` each transport and side is appended to FILE as an icount record (schema icount/1, scenario
 `drain/SIDE/TRANSPORT/devices=N`, the drain's part per order), so the icount tool compares it with a baseline:
-CI counts quinn, s2n-quic and mqtt, both sides, and holds them to baseline-data/icount/drain.jsonl within 6%
+CI counts quinn and mqtt, both sides, and holds them to baseline-data/icount/drain.jsonl within 6%
 (`target/release/icount compare --tolerance 6 baseline-data/icount/drain.jsonl FILE`). To renew that baseline,
 `--repeat 3 --out` (the median of three counts) on the new build, and commit it with the change.
 """
 
 import argparse
+import concurrent.futures
 import json
 import os
 import re
@@ -126,9 +127,11 @@ def provenance(icount):
     }
 
 
-def count(a, transport, side, work):
+def count(a, transport, side, repetition, work):
     """Count one transport's side: (all instructions per order, the drain's part, per function)."""
-    small, large = (os.path.join(work, f"callgrind.{transport}.{side}.{n}") for n in (a.orders, 2 * a.orders))
+    small, large = (
+        os.path.join(work, f"callgrind.{transport}.{side}.{repetition}.{n}") for n in (a.orders, 2 * a.orders)
+    )
     run(a.runner, transport, a.clients, a.orders, small, side)
     run(a.runner, transport, a.clients, 2 * a.orders, large, side)
     before, after = functions(small), functions(large)
@@ -163,12 +166,17 @@ def main():
     )
     p.add_argument("--icount", default="target/release/icount", help="the icount tool (its CPU features, for --out)")
     p.add_argument(
+        "--jobs", type=int, default=1,
+        help="counts run at once (2 on 2 cores: each count's pace is shared by both its processes, so the counts "
+        "stay within their spread; docs/performance.md)",
+    )
+    p.add_argument(
         "--repeat", type=int, default=1,
         help="count each transport and side this many times and keep the median (to renew a baseline: 3)",
     )
     a = p.parse_args()
-    if a.repeat < 1:
-        sys.exit("--repeat: at least 1")
+    if a.repeat < 1 or a.jobs < 1:
+        sys.exit("--repeat and --jobs: at least 1")
     sides = a.side.split(",")
     if any(side not in ("generator", "server") for side in sides):
         sys.exit(f"--side: `generator`, `server` or both, not `{a.side}`")
@@ -178,32 +186,36 @@ def main():
 
     work = a.keep or tempfile.mkdtemp(prefix="generator-instructions-")
     os.makedirs(work, exist_ok=True)
-    for transport in a.transport.split(","):
-        for side in sides:
-            counts = sorted((count(a, transport, side, work) for _ in range(a.repeat)), key=lambda c: sum(c[1].values()))
-            if a.repeat > 1:
-                print(f"{transport}, {side}, the drain's part of {a.repeat} counts: "
-                      + ", ".join(f"{sum(c[1].values()):,.0f}" for c in counts))
-            total, drain = counts[len(counts) // 2]
-            part = sum(drain.values())
-            print(f"{transport}, {a.clients} devices, {a.orders} and {2 * a.orders} orders ({a.runner})")
-            print(f"{side} instructions per order: {total:,.0f}; the drain's part: {part:,.0f}")
-            if a.top:
-                print(f"\n| instructions per order | function (the drain's part) |\n|---:|---|")
-                for f, v in sorted(drain.items(), key=lambda kv: -kv[1])[: a.top]:
-                    print(f"| {v:,.1f} | `{f[:120]}` |")
-                print()
-            if a.out:
-                record = {
-                    "schema": "icount/1",
-                    "scenario": f"drain/{side}/{transport}/devices={a.clients}",
-                    "instructions_per_op": round(part, 1),
-                    "instructions": round(part * a.orders),
-                    "iterations": a.orders,
-                    **made,
-                }
-                with open(a.out, "a") as f:
-                    f.write(json.dumps(record) + "\n")
+    pairs = [(transport, side) for transport in a.transport.split(",") for side in sides]
+    tasks = [(transport, side, r) for transport, side in pairs for r in range(a.repeat)]
+    # Each count is its own processes and files, so counts can run side by side (--jobs).
+    with concurrent.futures.ThreadPoolExecutor(max_workers=a.jobs) as pool:
+        done = dict(zip(tasks, pool.map(lambda t: count(a, *t, work), tasks)))
+    for transport, side in pairs:
+        counts = sorted((done[(transport, side, r)] for r in range(a.repeat)), key=lambda c: sum(c[1].values()))
+        if a.repeat > 1:
+            print(f"{transport}, {side}, the drain's part of {a.repeat} counts: "
+                  + ", ".join(f"{sum(c[1].values()):,.0f}" for c in counts))
+        total, drain = counts[len(counts) // 2]
+        part = sum(drain.values())
+        print(f"{transport}, {a.clients} devices, {a.orders} and {2 * a.orders} orders ({a.runner})")
+        print(f"{side} instructions per order: {total:,.0f}; the drain's part: {part:,.0f}")
+        if a.top:
+            print(f"\n| instructions per order | function (the drain's part) |\n|---:|---|")
+            for f, v in sorted(drain.items(), key=lambda kv: -kv[1])[: a.top]:
+                print(f"| {v:,.1f} | `{f[:120]}` |")
+            print()
+        if a.out:
+            record = {
+                "schema": "icount/1",
+                "scenario": f"drain/{side}/{transport}/devices={a.clients}",
+                "instructions_per_op": round(part, 1),
+                "instructions": round(part * a.orders),
+                "iterations": a.orders,
+                **made,
+            }
+            with open(a.out, "a") as f:
+                f.write(json.dumps(record) + "\n")
     if not a.keep:
         os.rmdir(work)
 
