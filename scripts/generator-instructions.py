@@ -107,24 +107,9 @@ def functions(path):
 
 
 def provenance(icount):
-    """What a count depends on besides the code, as the icount tool records it (benches/icount/src/results.rs)."""
-    def out(cmd):
-        return subprocess.run(cmd, capture_output=True, text=True, check=True).stdout.strip()
-
-    cpu = next(
-        (line.split(":", 1)[1].strip() for line in open("/proc/cpuinfo") if line.startswith("model name")), "unknown"
-    )
-    commit = out(["git", "rev-parse", "--short=12", "HEAD"])
-    if out(["git", "status", "--porcelain", "--untracked-files=no"]):
-        commit += "-dirty"
-    return {
-        "valgrind": out(["valgrind", "--version"]),
-        "commit": commit,
-        "rustc": out(["rustc", "--version"]),
-        "cpu": cpu,
-        # The features the libraries choose their code paths by, as a program sees them under valgrind.
-        "cpu_features": out(["valgrind", "-q", "--tool=none", icount, "cpu-features"]),
-    }
+    """What a count depends on besides the code, as the icount tool records it (`icount provenance`)."""
+    out = subprocess.run([icount, "provenance"], capture_output=True, text=True, check=True).stdout
+    return json.loads(out)
 
 
 def count(a, transport, side, repetition, work):
@@ -164,7 +149,7 @@ def main():
         "--out", help="append one icount record per transport and side to this file (JSON lines, icount/1: compare "
         "with `icount compare BASELINE FILE`)",
     )
-    p.add_argument("--icount", default="target/release/icount", help="the icount tool (its CPU features, for --out)")
+    p.add_argument("--icount", default="target/release/icount", help="the icount tool (the provenance of the records, for --out)")
     p.add_argument(
         "--jobs", type=int, default=1,
         help="counts run at once (2 on 2 cores: each count's pace is shared by both its processes, so the counts "
@@ -181,7 +166,7 @@ def main():
     if any(side not in ("generator", "server") for side in sides):
         sys.exit(f"--side: `generator`, `server` or both, not `{a.side}`")
     if a.out and not os.path.exists(a.icount):
-        sys.exit(f"--out needs the icount tool for the CPU features, not found at {a.icount} (cargo build --release -p icount)")
+        sys.exit(f"--out needs the icount tool for the records' provenance, not found at {a.icount} (cargo build --release -p icount)")
     made = provenance(a.icount) if a.out else None
 
     work = a.keep or tempfile.mkdtemp(prefix="generator-instructions-")

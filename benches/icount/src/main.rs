@@ -41,6 +41,9 @@ enum Command {
     /// Print the CPU features the measured libraries choose their code paths by (run under valgrind by `measure`).
     #[command(hide = true)]
     CpuFeatures,
+    /// Print, as one JSON object, what a count made here depends on besides the code (the provenance `measure`
+    /// records), for counts made by other tools in the same format (scripts/generator-instructions.py).
+    Provenance,
     /// Compare a results file with a baseline: a Markdown table; exit status 1 if a scenario regressed.
     Compare {
         baseline: PathBuf,
@@ -110,6 +113,12 @@ fn run(cli: Cli) -> anyhow::Result<()> {
         Command::WritePki { dir } => scenarios::write_pki(&dir),
         Command::CpuFeatures => {
             println!("{}", cpu_features());
+            Ok(())
+        }
+        Command::Provenance => {
+            let exe = std::env::current_exe().context("locating this binary")?;
+            let provenance = Provenance::here(valgrind_version()?, guest_cpu_features(&exe)?);
+            println!("{}", serde_json::to_string(&provenance)?);
             Ok(())
         }
         Command::Compare {
