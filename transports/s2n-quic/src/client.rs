@@ -52,6 +52,18 @@ fn opener_on(handle: &Handle) -> OpenStream {
     })
 }
 
+/// How many bytes of received datagrams the fleet's endpoint takes in per wake-up: s2n-quic's receive queue
+/// between its socket task and its endpoint (4 GRO buffers of 64 KiB; s2n-quic's default is 8 MiB).
+///
+/// The endpoint handles everything in its queue before it sends anything and before the devices' tasks run. With
+/// the default, one wake-up of the fleet's one endpoint took in every device's answers at once and the devices then
+/// sent all their next orders at once: the fleet and the server passed the whole window of 128 devices (12,800
+/// orders) back and forth in waves, each process idle while the other worked (both about two-thirds busy in the
+/// drain). Devices with their own sockets never move in step like that; with a queue this size the fleet takes in,
+/// answers and sends in small batches, and both sides stay busy. The datagrams that do not fit wait in the socket's
+/// own buffer ([`quic::CLIENT_SOCKET_BUFFER`]). The server keeps s2n-quic's default (docs/s2n-quic.md, "Settings").
+pub const FLEET_RECEIVE_QUEUE: usize = 256 << 10;
+
 /// Opens devices' s2n-quic connections for the connection fleet ([`transport_conn::fleet`]).
 pub struct S2nConnector {
     client: s2n_quic::Client,
@@ -100,6 +112,7 @@ impl S2nConnector {
         let socket = net::bind_udp(net::any_port_for(server), quic::CLIENT_SOCKET_BUFFER)?;
         let io = s2n_quic::provider::io::tokio::Builder::default()
             .with_rx_socket(socket)
+            .and_then(|b| b.with_internal_recv_buffer_size(FLEET_RECEIVE_QUEUE))
             .and_then(|b| b.build())?;
         // s2n-quic pings after the smaller of this and 3/4 of the idle timeout without activity. A device opens as
         // many streams at once as the server allows (the fleet keeps its orders to its window): s2n-quic's own limit
