@@ -72,12 +72,14 @@ impl Check {
 /// The invariants of every run: its numbers can be trusted, and the design's promises hold.
 #[cfg(test)]
 pub fn invariants(results: &[RunResult]) -> Vec<Check> {
-    invariants_with(results, false)
+    invariants_with(results, &[])
 }
 
-/// [`invariants`], where `allow_generator_bound` passes a run whose only doubt is a busy load generator (a smoke
-/// run on a small shared machine, whose timing is not the point); the check still names it.
-pub fn invariants_with(results: &[RunResult], allow_generator_bound: bool) -> Vec<Check> {
+/// [`invariants`], where a run whose only doubts are of the kinds in `allowed` (flags of [`workloads::trust`]:
+/// [`GENERATOR_BOUND`](workloads::trust::GENERATOR_BOUND), a busy load generator;
+/// [`SERVER_UNSATURATED`](workloads::trust::SERVER_UNSATURATED), a drain's server that waited for the devices)
+/// passes: a smoke run on a small shared machine, whose timing is not the point. The check still names them.
+pub fn invariants_with(results: &[RunResult], allowed: &[&str]) -> Vec<Check> {
     let mut out = Vec::new();
     for r in results.iter().filter(|r| r.skipped.is_none()) {
         let name = format!(
@@ -89,9 +91,7 @@ pub fn invariants_with(results: &[RunResult], allow_generator_bound: bool) -> Ve
         let flags = workloads::trust::flags(r);
         let failing = flags
             .iter()
-            .filter(|f| {
-                !(allow_generator_bound && f.starts_with(workloads::trust::GENERATOR_BOUND))
-            })
+            .filter(|f| !allowed.iter().any(|a| f.starts_with(a)))
             .count();
         out.push(Check {
             what: format!("{name}: numbers to be trusted"),
@@ -364,7 +364,7 @@ pub fn render(checks: &[Check]) -> String {
 /// marks such runs; compare and export leave them out.
 pub fn distrust(r: &RunResult) -> Vec<String> {
     let mut out = workloads::trust::flags(r);
-    for c in invariants_with(std::slice::from_ref(r), false) {
+    for c in invariants_with(std::slice::from_ref(r), &[]) {
         if c.ok || c.what.ends_with(": numbers to be trusted") {
             continue;
         }
@@ -433,11 +433,39 @@ mod tests {
         assert_eq!(failures(&checks), 3);
         assert!(checks.iter().any(|c| c.found.contains("missing field")));
         // Allowed, a generator-bound run passes and is still named; the other two still fail.
-        let checks = invariants_with(&rs, true);
+        let checks = invariants_with(&rs, &[workloads::trust::GENERATOR_BOUND]);
         assert_eq!(failures(&checks), 2);
         assert!(checks
             .iter()
             .any(|c| c.ok && c.found == "generator-bound (allowed)"));
+    }
+
+    #[test]
+    fn an_unsaturated_drain_fails_unless_allowed_and_takes_no_part_in_ratios() {
+        let mut waited = run("i", "b", 0, 10.0, 0.0);
+        waited.metrics.insert("server_busy".into(), 0.6.into());
+        let rs = vec![run("i", "a", 0, 10.0, 0.0), waited];
+        let checks = invariants(&rs);
+        assert_eq!(failures(&checks), 1);
+        let named = |c: &Check| c.found.starts_with(workloads::trust::SERVER_UNSATURATED);
+        assert!(checks.iter().any(|c| !c.ok && named(c)));
+        // Allowing a busy generator does not allow it; allowing it passes it, still named.
+        let bound_only = invariants_with(&rs, &[workloads::trust::GENERATOR_BOUND]);
+        assert_eq!(failures(&bound_only), 1);
+        let allowed = invariants_with(&rs, &[workloads::trust::SERVER_UNSATURATED]);
+        assert_eq!(failures(&allowed), 0);
+        assert!(allowed
+            .iter()
+            .any(|c| c.ok && named(c) && c.found.ends_with("(allowed)")));
+        // Its rate is not the server's: no ratio is made with it.
+        let key = ("drain".to_string(), "b / a".to_string());
+        assert!(!ratios(&rs)[0].1.contains_key(&key));
+        let mut fed = rs.clone();
+        fed[1].metrics.insert("server_busy".into(), 0.95.into());
+        assert!(
+            ratios(&fed)[0].1.contains_key(&key),
+            "the same pair, saturated"
+        );
     }
 
     #[test]

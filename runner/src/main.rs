@@ -108,6 +108,10 @@ enum Command {
         /// machine, where the timing is not what is checked).
         #[arg(long)]
         allow_generator_bound: bool,
+        /// Pass drains whose only doubt is a server that was not saturated (it waited for the devices), still
+        /// naming them (smoke runs without pinning, where the server shares its CPUs with everything else).
+        #[arg(long)]
+        allow_unsaturated: bool,
     },
     /// What changed from results A to results B: per case, transport and metric, the change with a confidence
     /// interval over rounds, "no change" when it spans zero.
@@ -183,13 +187,23 @@ fn main() -> ExitCode {
             tolerance,
             max_reference_spread,
             allow_generator_bound,
-        }) => finish_check(
-            &files,
-            baseline.as_deref(),
-            tolerance,
-            max_reference_spread,
-            allow_generator_bound,
-        ),
+            allow_unsaturated,
+        }) => {
+            let allowed: Vec<&str> = [
+                (allow_generator_bound, workloads::trust::GENERATOR_BOUND),
+                (allow_unsaturated, workloads::trust::SERVER_UNSATURATED),
+            ]
+            .into_iter()
+            .filter_map(|(on, flag)| on.then_some(flag))
+            .collect();
+            finish_check(
+                &files,
+                baseline.as_deref(),
+                tolerance,
+                max_reference_spread,
+                &allowed,
+            )
+        }
         Some(Command::Compare { a, b, confidence }) => {
             if !(0.5..1.0).contains(&confidence) {
                 return usage("--confidence must be at least 0.5 and below 1");
@@ -358,7 +372,7 @@ fn finish_check(
     baseline: Option<&Path>,
     tolerance: f64,
     max_spread: Option<f64>,
-    allow_generator_bound: bool,
+    allowed: &[&str],
 ) -> ExitCode {
     if !(0.0..=10.0).contains(&tolerance) {
         return usage("--tolerance must be between 0 and 10");
@@ -368,7 +382,7 @@ fn finish_check(
     }
     let run = || -> Result<bool> {
         let current = read_all(files)?;
-        let mut checks = check::invariants_with(&current, allow_generator_bound);
+        let mut checks = check::invariants_with(&current, allowed);
         if let Some(b) = baseline {
             let base = workloads::result::read(b)?;
             checks.extend(check::against_baseline(

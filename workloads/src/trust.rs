@@ -8,12 +8,24 @@
 //! sockets dropped datagrams that messages were lost in), when the store synced on a memory
 //! filesystem (a sync there is free and proves nothing, see [`crate::durability`]), when it asked for TCP Fast Open
 //! and a server refused the data of a SYN (`fast_open_refused`: its numbers are those of the full handshake), or when
-//! its durability is not on record (results of older versions).
+//! its durability is not on record (results of older versions), or when a drain's server was not saturated
+//! ([`SERVER_UNSATURATED`]: the drain's rate is the server's own only while the server never waits for the devices).
 
 use crate::result::RunResult;
 
 /// The flag of a run bound by its load generator.
 pub const GENERATOR_BOUND: &str = "generator-bound";
+
+/// The flag of a drain whose server waited for the devices: neither it nor its load generator was the limit.
+pub const SERVER_UNSATURATED: &str = "server not saturated";
+
+/// A drain's server is saturated when its CPU over the steady part, plus the time it could have run but had no CPU
+/// (`server_cpu_wait`) and the time the hypervisor took the machine's CPUs (`host_steal`), is at least this
+/// fraction of the steady part. Below it the server waited for work: the rate is that of the round trips between
+/// the devices and the server (a latency-bound window, the two sides passing work back and forth in turn), not the
+/// server's capacity. Saturated drains here run 0.85-1.00 busy; a QUIC transport whose fleet moved in waves ran
+/// 0.6-0.75 (docs/performance.md, "s2n-quic's fleet and server in waves").
+pub const SATURATED: f64 = 0.8;
 
 /// Why `r`'s numbers cannot be trusted; empty when nothing says so. A skipped result has no numbers and no flags.
 pub fn flags(r: &RunResult) -> Vec<String> {
@@ -71,6 +83,9 @@ pub fn flags(r: &RunResult) -> Vec<String> {
             ));
         }
     }
+    if let Some(why) = unsaturated(r) {
+        out.push(why);
+    }
     match &r.durability {
         Some(d) if d.volatile_sync() => {
             out.push(format!("sync {} on {}: not durability", d.sync, d.store_fs))
@@ -81,6 +96,24 @@ pub fn flags(r: &RunResult) -> Vec<String> {
         None => {}
     }
     out
+}
+
+/// Why a drain's server was not saturated ([`SATURATED`]), unless its load generator was the limit (already named:
+/// a server fed too slowly waits for that reason) or the run did not measure the server's CPU.
+fn unsaturated(r: &RunResult) -> Option<String> {
+    if r.workload != "drain" || r.metric("generator_bound").is_some_and(|v| v != 0.0) {
+        return None;
+    }
+    let busy = r.metric("server_busy")?;
+    let wait = r.metric("server_cpu_wait").unwrap_or(0.0);
+    let steal = r.metric("host_steal").unwrap_or(0.0);
+    (busy + wait + steal < SATURATED).then(|| {
+        format!(
+            "{SERVER_UNSATURATED} (busy {:.0}%, short of its CPU {:.0}%)",
+            busy * 100.0,
+            wait * 100.0
+        )
+    })
 }
 
 /// The fraction of its CPUs a restart's load generator used in the window after the restart.
@@ -157,6 +190,50 @@ mod tests {
         assert!(flags(&failed)[0].starts_with("error: "));
         failed.skipped = Some("n/a".into());
         assert!(trusted(&failed));
+    }
+
+    #[test]
+    fn a_drain_whose_server_waited_for_the_devices_is_named() {
+        // Two-thirds busy, never short of its CPU: the two sides passed the work back and forth.
+        let waves = result(&[
+            ("server_busy", 0.64),
+            ("server_cpu_wait", 0.0),
+            ("host_steal", 0.0),
+            ("generator_bound", 0.0),
+        ]);
+        let f = flags(&waves);
+        assert_eq!(f.len(), 1, "{f:?}");
+        assert!(f[0].starts_with(SERVER_UNSATURATED), "{f:?}");
+        assert!(f[0].contains("busy 64%"), "{f:?}");
+        // Saturated, or short of its CPU rather than of work (another process, the hypervisor): trusted.
+        for metrics in [
+            [
+                ("server_busy", 0.93),
+                ("server_cpu_wait", 0.0),
+                ("host_steal", 0.0),
+            ],
+            [
+                ("server_busy", 0.4),
+                ("server_cpu_wait", 0.45),
+                ("host_steal", 0.0),
+            ],
+            [
+                ("server_busy", 0.6),
+                ("server_cpu_wait", 0.0),
+                ("host_steal", 0.25),
+            ],
+        ] {
+            assert!(trusted(&result(&metrics)), "{metrics:?}");
+        }
+        // Just under the line: named.
+        assert!(!trusted(&result(&[("server_busy", 0.79)])));
+        // A generator-bound drain is named for that alone; a drain too short to measure, and other workloads, never.
+        let bound = result(&[("server_busy", 0.5), ("generator_bound", 1.0)]);
+        assert_eq!(flags(&bound), vec![GENERATOR_BOUND.to_string()]);
+        assert!(trusted(&result(&[("orders", 10.0)])));
+        let mut restart = waves.clone();
+        restart.workload = "restart".into();
+        assert!(trusted(&restart));
     }
 
     #[test]

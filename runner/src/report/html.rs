@@ -110,7 +110,7 @@ fn section(workload: &str, runs: &[&RunResult], charts: &[Chart]) -> String {
 /// The invariant checks, failures first, and the runs not to be trusted.
 fn checks(runs: &[&RunResult], distrusted: &[(&RunResult, Vec<String>)]) -> String {
     let owned: Vec<RunResult> = runs.iter().map(|r| (*r).clone()).collect();
-    let all = check::invariants_with(&owned, false);
+    let all = check::invariants_with(&owned, &[]);
     let mut out = String::from("<h3>Checks</h3>\n");
     if all.is_empty() {
         out.push_str("<p>No invariant applies to these results.</p>\n");
