@@ -100,7 +100,7 @@ pub fn invariants_with(results: &[RunResult], allowed: &[&str]) -> Vec<Check> {
                 (false, 0) => format!("{} (allowed)", flags.join("; ")),
                 (false, _) => flags.join("; "),
             },
-            expected: "no error, nothing unanswered, lost or twice, not generator-bound, durable"
+            expected: "no error, nothing unanswered, lost or twice, not generator-bound, server saturated (drain), durable"
                 .into(),
             ok: failing == 0,
             gated: true,
