@@ -82,8 +82,8 @@ pub fn flags(r: &RunResult) -> Vec<String> {
                 crate::restart::AFTER.as_secs()
             ));
         }
-    }
-    if let Some(why) = unsaturated(r) {
+    } else if let Some(why) = unsaturated(r) {
+        // Neither generator-bound nor fed: a drain's server that waited for the devices.
         out.push(why);
     }
     match &r.durability {
@@ -98,10 +98,11 @@ pub fn flags(r: &RunResult) -> Vec<String> {
     out
 }
 
-/// Why a drain's server was not saturated ([`SATURATED`]), unless its load generator was the limit (already named:
-/// a server fed too slowly waits for that reason) or the run did not measure the server's CPU.
+/// Why a drain's server was not saturated ([`SATURATED`]); `None` for other workloads and for a drain that did not
+/// measure the server's CPU. [`flags`] asks only when the load generator was not the limit (a server fed too slowly
+/// waits for that reason, already named).
 fn unsaturated(r: &RunResult) -> Option<String> {
-    if r.workload != "drain" || r.metric("generator_bound").is_some_and(|v| v != 0.0) {
+    if r.workload != "drain" {
         return None;
     }
     let busy = r.metric("server_busy")?;
