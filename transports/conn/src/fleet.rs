@@ -6,8 +6,9 @@
 //! - Each device has one connection with its own identity, opened when the device first has something to do
 //!   ([`Fleet::connect`] or its first order) and opened again whenever it drops.
 //! - Orders go out as soon as they are handed over, each on its own request ([`Connector::send_order`]), up to the
-//!   connection's window ([`Connector::window`], a QUIC server's stream limit); the rest wait in the device, in the
-//!   order they were made, and go as answers make room.
+//!   connection's window ([`Connector::window`], a QUIC server's stream limit) and to at most 1,024 requests in
+//!   flight on a device's connections together; the rest wait in the device, in the order they were made, and go
+//!   as answers make room.
 //! - An order with no answer within [`Policy::answer_timeout`] (1 s) of being sent, or whose connection drops, is
 //!   sent again on a **new** connection: the old one is closed, a new handshake made, every unanswered order sent
 //!   again. On a new
@@ -34,18 +35,21 @@
 //! # Cost per device
 //!
 //! One tokio task, a command queue (a mutex-guarded `Vec` and a `Notify`), the connection, and the orders in
-//! flight; nothing else is allocated while a device is idle.
+//! flight; nothing else is allocated while a device is idle. An order sent as a request costs the connector's
+//! future and nothing else of the fleet's: it waits in a slot that is used again (`fleet/requests.rs`).
 
 mod ids;
 mod orders;
 mod pubsub;
+mod requests;
 
 pub use pubsub::{message_id, payload, Deliveries, Delivery, SubAck, ID_BYTES};
 
-use futures::stream::{FuturesUnordered, StreamExt};
+use futures::stream::StreamExt;
 use futures::FutureExt;
 use orders::Orders;
 use pubsub::{Acceptance, Confirmed, PubSub};
+use requests::Requests;
 use std::net::SocketAddr;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
@@ -482,7 +486,8 @@ struct Device<C: Connector> {
     generation: u64,
     /// Orders not yet answered.
     outstanding: Orders,
-    in_flight: FuturesUnordered<InFlight>,
+    /// The requests of orders sent one request each, on this connection or earlier ones.
+    in_flight: Requests<InFlight>,
     waiters: Vec<oneshot::Sender<Result<(), TransportError>>>,
     /// The wait before the next attempt if this one fails.
     backoff: Duration,
@@ -519,7 +524,7 @@ impl<C: Connector> Device<C> {
             closed: None,
             generation: 0,
             outstanding: Orders::default(),
-            in_flight: FuturesUnordered::new(),
+            in_flight: Requests::default(),
             waiters: Vec::new(),
             backoff,
             retry_at: None,
@@ -693,7 +698,7 @@ impl<C: Connector> Device<C> {
     /// commands after this one apply to a new link.
     fn forget(&mut self) {
         let abandoned = self.outstanding.clear();
-        self.in_flight = FuturesUnordered::new();
+        self.in_flight.clear();
         self.answers = None;
         self.shared.pending.fetch_sub(abandoned, Ordering::Relaxed);
         let unpublished = self.pubsub.forget();
@@ -772,8 +777,12 @@ impl<C: Connector> Device<C> {
     fn send_unsent(&mut self) {
         let Some(conn) = &self.conn else { return };
         let generation = self.generation;
-        let window = self.connector.window();
         let pipelined = self.answers.is_some();
+        // Requests of earlier connections still in flight take their room: the window is the current connection's.
+        let mut window = self.connector.window();
+        if !pipelined {
+            window = window.min(self.outstanding.in_flight() + self.in_flight.room());
+        }
         let mut failed = false;
         let (connector, counters, in_flight) =
             (&self.connector, &self.shared.counters, &mut self.in_flight);

@@ -4,7 +4,6 @@
 //! ([`ConnFleet`](transport_conn::fleet::ConnFleet)).
 
 use crate::resume::ObservedClient;
-use bytes::BytesMut;
 use quinn::crypto::rustls::QuicClientConfig;
 use quinn::{Connection, Endpoint, VarInt};
 use std::net::SocketAddr;
@@ -14,7 +13,7 @@ use transport_conn::fleet::{Answer, Connector, Deliveries, SubAck};
 use transport_conn::quic;
 use transport_conn::relay::client::{OpenStream, RecvHalf, SendHalf};
 use transport_conn::relay::RelayClient;
-use transport_core::{framing, net};
+use transport_core::net;
 use transport_core::{BoxFuture, Counters, Order, Publish, QoS, TransportError};
 use transport_tls::{ClientTls, DeviceCredentials, TlsCrypto, SERVER_NAME};
 
@@ -121,6 +120,7 @@ pub struct QuinnConn {
     /// The connection.
     pub conn: Connection,
     relay: RelayClient,
+    frames: quic::OrderFrames,
 }
 
 /// Opens bidirectional streams on `conn` for the relay (and for tests that speak the relay protocol by hand).
@@ -152,7 +152,11 @@ impl Connector for QuinnConnector {
                 .await
                 .map_err(|e| TransportError::protocol("handshake", e))?;
             let relay = RelayClient::new(opener(&conn));
-            Ok(QuinnConn { conn, relay })
+            Ok(QuinnConn {
+                conn,
+                relay,
+                frames: quic::OrderFrames::default(),
+            })
         })
     }
 
@@ -161,16 +165,15 @@ impl Connector for QuinnConnector {
         conn: &QuinnConn,
         order: &Order,
     ) -> BoxFuture<'static, Result<Answer, TransportError>> {
+        let frame = conn.frames.frame(order);
         let conn = conn.conn.clone();
-        let mut frame = BytesMut::new();
-        framing::encode_order(order, &mut frame);
         Box::pin(async move {
             let (mut send, mut recv) = conn
                 .open_bi()
                 .await
                 .map_err(|e| TransportError::protocol("open stream", e))?;
             // Handed over as it is: quinn queues the frame without copying it (`write_all` would).
-            send.write_chunk(frame.freeze())
+            send.write_chunk(frame)
                 .await
                 .map_err(|e| TransportError::protocol("write", e))?;
             // Finished by its drop (quinn finishes a send stream dropped open): one lock of the connection where

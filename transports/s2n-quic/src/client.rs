@@ -7,7 +7,6 @@
 use crate::events::{Events, Side};
 use crate::tls::{self, PrepareDevice};
 use crate::{start_error, Provider};
-use bytes::BytesMut;
 use futures::future::{FutureExt, Shared};
 use s2n_quic::client::Connect;
 use s2n_quic::connection::Handle;
@@ -20,7 +19,7 @@ use transport_conn::fleet::{Answer, Connector, Deliveries, SubAck};
 use transport_conn::quic;
 use transport_conn::relay::client::{OpenStream, RecvHalf, SendHalf};
 use transport_conn::relay::RelayClient;
-use transport_core::{framing, net};
+use transport_core::net;
 use transport_core::{BoxFuture, Counters, Order, Publish, QoS, TransportError};
 use transport_tls::DeviceCredentials;
 
@@ -30,6 +29,7 @@ pub struct S2nConn {
     handle: Handle,
     closed: Shared<BoxFuture<'static, ()>>,
     relay: RelayClient,
+    frames: quic::OrderFrames,
 }
 
 /// Opens bidirectional streams on `conn` for the relay (and for tests that speak the relay protocol by hand).
@@ -177,6 +177,7 @@ impl Connector for S2nConnector {
                 handle,
                 closed: closed.shared(),
                 relay,
+                frames: quic::OrderFrames::default(),
             })
         })
     }
@@ -187,15 +188,14 @@ impl Connector for S2nConnector {
         order: &Order,
     ) -> BoxFuture<'static, Result<Answer, TransportError>> {
         let mut handle = conn.handle.clone();
-        let mut frame = BytesMut::new();
-        framing::encode_order(order, &mut frame);
+        let frame = conn.frames.frame(order);
         Box::pin(async move {
             let stream = handle
                 .open_bidirectional_stream()
                 .await
                 .map_err(|e| TransportError::protocol("open stream", e))?;
             let (mut recv, mut send) = stream.split();
-            send.send(frame.freeze())
+            send.send(frame)
                 .await
                 .map_err(|e| TransportError::protocol("write", e))?;
             // Finished by its drop: s2n-quic finishes a send stream dropped open in the request that releases it,

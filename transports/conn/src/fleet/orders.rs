@@ -63,6 +63,11 @@ impl Orders {
         self.ids.is_empty()
     }
 
+    /// How many orders are in flight on the current connection (sent on it and not answered).
+    pub(super) fn in_flight(&self) -> usize {
+        self.in_flight
+    }
+
     /// Forget every order; how many there were.
     pub(super) fn clear(&mut self) -> usize {
         let n = self.ids.len();

@@ -403,6 +403,28 @@ both_ways! {
 }
 
 #[tokio::test(start_paused = true)]
+async fn a_device_without_a_window_has_at_most_its_capacity_of_requests_in_flight() {
+    // A connector with no window: the device's slots of requests are the limit, and the rest wait in the device.
+    let fake = Fake::new(false);
+    fake.answer_ms.store(10, Ordering::Relaxed);
+    let (fleet, mut rx) = fleet(&fake, 1);
+    let n = 3 * requests::CAPACITY as u64;
+    for seq in 0..n {
+        fleet.send(0, order(0, seq));
+    }
+    let ids = stored_events(&mut rx, n as usize).await;
+    assert_eq!(ids.len() as u64, n);
+    assert_eq!(
+        fake.most_in_flight.load(Ordering::Relaxed),
+        requests::CAPACITY
+    );
+    assert!(fake.stored.lock().unwrap().values().all(|&n| n == 1));
+    let c = fleet.shared.counters.snapshot();
+    assert_eq!((c.handshakes, c.resent_reconnect), (1, 0), "{c:?}");
+    fleet.close().await;
+}
+
+#[tokio::test(start_paused = true)]
 async fn a_slice_of_devices_keeps_their_numbers() {
     let fake = Arc::new(Fake::default());
     let (tx, mut rx) = transport_core::events::channel();
