@@ -71,7 +71,6 @@ pub(super) struct Requests<F> {
     slots: Vec<Slot<F>>,
     /// Slots without a future.
     free: Vec<usize>,
-    len: usize,
     /// Ready bits taken from `ready` and not yet polled, and which of these words have any.
     taken: [u64; WORDS],
     taken_summary: u64,
@@ -87,7 +86,6 @@ impl<F> Default for Requests<F> {
             }),
             slots: Vec::new(),
             free: Vec::new(),
-            len: 0,
             taken: [0; WORDS],
             taken_summary: 0,
         }
@@ -96,18 +94,17 @@ impl<F> Default for Requests<F> {
 
 impl<F: Future + Unpin> Requests<F> {
     /// How many are in flight.
-    #[cfg(test)]
     fn len(&self) -> usize {
-        self.len
+        self.slots.len() - self.free.len()
     }
 
     pub(super) fn is_empty(&self) -> bool {
-        self.len == 0
+        self.len() == 0
     }
 
     /// How many more it takes.
     pub(super) fn room(&self) -> usize {
-        CAPACITY - self.len
+        CAPACITY - self.len()
     }
 
     /// Add `future`; it is polled at the next poll of the stream. Panics if there is no [`room`](Self::room).
@@ -131,20 +128,16 @@ impl<F: Future + Unpin> Requests<F> {
                 slot
             }
         };
-        self.len += 1;
         self.take_bit(slot / 64, 1 << (slot % 64));
     }
 
     /// Drop every future (their slots and wakers stay for the next ones).
     pub(super) fn clear(&mut self) {
-        self.free.clear();
-        for (i, slot) in self.slots.iter_mut().enumerate() {
+        for slot in &mut self.slots {
             slot.future = None;
-            self.free.push(i);
         }
         // Lowest slots first, as a new set hands them out.
-        self.free.reverse();
-        self.len = 0;
+        self.free = (0..self.slots.len()).rev().collect();
     }
 
     fn take_bit(&mut self, word: usize, bits: u64) {
@@ -189,13 +182,13 @@ impl<F: Future + Unpin> Stream for Requests<F> {
 
     fn poll_next(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Option<F::Output>> {
         let this = self.get_mut();
-        if this.len == 0 {
+        if this.is_empty() {
             return Poll::Ready(None);
         }
         this.ready.task.register(cx.waker());
         // A future that wakes itself whenever it is polled (a library yielding) must not keep this call going: after
         // as many polls as there are futures, the task yields and is woken again.
-        let mut budget = this.len.max(32);
+        let mut budget = this.len().max(32);
         loop {
             let Some(slot) = this.next_taken() else {
                 if this.take_ready() {
@@ -215,7 +208,6 @@ impl<F: Future + Unpin> Stream for Requests<F> {
             if let Poll::Ready(output) = Pin::new(f).poll(&mut Context::from_waker(waker)) {
                 *future = None;
                 this.free.push(slot);
-                this.len -= 1;
                 return Poll::Ready(Some(output));
             }
         }
