@@ -92,7 +92,7 @@ pub type Answers = mpsc::UnboundedReceiver<Vec<Answer>>;
 /// - **A request per order** ([`send_order`](Connector::send_order)): a QUIC transport opens one bidirectional
 ///   stream per order: streams cost no round trip to open, an order and its answer are one request and one
 ///   response, and orders never wait behind each other (no head-of-line blocking between streams).
-/// - **Pipelined** ([`answers`](Connector::answers) and [`queue_order`](Connector::queue_order)): a transport over
+/// - **Pipelined** ([`answers`](Connector::answers) and [`queue_orders`](Connector::queue_orders)): a transport over
 ///   one byte stream (TLS over TCP) queues each order's frame for the connection's writer and its reader hands the
 ///   answers over in batches, one per read: nothing is allocated or awaited per order on the device's side. A
 ///   connector whose `answers` returns a stream for a connection is pipelined on it; `send_order` is not used then.
@@ -115,18 +115,23 @@ pub trait Connector: Send + Sync + 'static {
         Box::pin(async { Err(TransportError::Unsupported("a request per order")) })
     }
 
-    /// The answers to the orders [`queue_order`](Connector::queue_order) sends on `conn`, taken once right after it
+    /// The answers to the orders [`queue_orders`](Connector::queue_orders) sends on `conn`, taken once right after it
     /// connects; `None` (the default): orders go with [`send_order`](Connector::send_order) on this connection.
     fn answers(&self, conn: &mut Self::Conn) -> Option<Answers> {
         let _ = conn;
         None
     }
 
-    /// Queue `order` to be sent on a pipelined `conn`; its answer comes on the connection's
-    /// [`answers`](Connector::answers). An error if the connection is closed (the order goes again on the next
-    /// one). The default: not supported.
-    fn queue_order(&self, conn: &Self::Conn, order: &Order) -> Result<(), TransportError> {
-        let _ = (conn, order);
+    /// Queue `orders`, in order, to be sent on a pipelined `conn`; their answers come on the connection's
+    /// [`answers`](Connector::answers). With each order, whether it was sent on an earlier connection (MQTT sends
+    /// it again with the same packet identifier). An error if the connection is closed or cannot take them: the
+    /// connection is then dropped and every order goes again on the next one. The default: not supported.
+    fn queue_orders(
+        &self,
+        conn: &Self::Conn,
+        orders: &mut dyn Iterator<Item = (&Order, bool)>,
+    ) -> Result<(), TransportError> {
+        let _ = (conn, orders);
         Err(TransportError::Unsupported("pipelined orders"))
     }
 
@@ -511,6 +516,10 @@ struct Device<C: Connector> {
     answers: Option<Answers>,
     /// Events not yet handed to the workload: sent together before the device next waits.
     events: Vec<LinkEvent>,
+    /// Orders answered since the events were last handed over: taken off the fleet's count of pending orders
+    /// then, in one step (the count is shared by every device, and one step per answer cost as much as the rest
+    /// of the answer).
+    answered: usize,
 }
 
 impl<C: Connector> Device<C> {
@@ -537,6 +546,7 @@ impl<C: Connector> Device<C> {
             batch: Vec::new(),
             answers: None,
             events: Vec::new(),
+            answered: 0,
         }
     }
 
@@ -783,26 +793,29 @@ impl<C: Connector> Device<C> {
         if !pipelined {
             window = window.min(self.outstanding.in_flight() + self.in_flight.room());
         }
-        let mut failed = false;
-        let (connector, counters, in_flight) =
-            (&self.connector, &self.shared.counters, &mut self.in_flight);
-        self.outstanding
-            .send_unsent(generation, window, Instant::now(), |order, again| {
+        let counters = &self.shared.counters;
+        let mut sent = self
+            .outstanding
+            .send_unsent(generation, window, Instant::now())
+            .inspect(|&(_, again)| {
                 if again {
                     Counters::inc(&counters.resent_reconnect);
                 }
-                if pipelined {
-                    // Once one fails the connection is closed: the rest are not queued, and all go again on the
-                    // next connection.
-                    failed = failed || connector.queue_order(conn, order).is_err();
-                } else {
-                    in_flight.push(InFlight {
-                        id: order.id,
-                        generation,
-                        answer: connector.send_order(conn, order),
-                    });
-                }
             });
+        let failed = if pipelined {
+            // All in one hand-over. If it fails the connection is closed, and every order goes again on the next.
+            self.connector.queue_orders(conn, &mut sent).is_err()
+        } else {
+            for (order, _) in sent.by_ref() {
+                self.in_flight.push(InFlight {
+                    id: order.id,
+                    generation,
+                    answer: self.connector.send_order(conn, order),
+                });
+            }
+            false
+        };
+        drop(sent);
         if failed {
             self.drop_connection();
             return;
@@ -906,7 +919,7 @@ impl<C: Connector> Device<C> {
         if !self.outstanding.remove(&id) {
             return; // already reported
         }
-        self.shared.pending.fetch_sub(1, Ordering::Relaxed);
+        self.answered += 1;
         if let Answer::Stored(id) = answer {
             self.events.push(LinkEvent::Stored {
                 device: self.device,
@@ -916,8 +929,13 @@ impl<C: Connector> Device<C> {
         }
     }
 
-    /// Hand the events gathered since the last wait to the workload, in order (one hand-over for all).
+    /// Hand the events gathered since the last wait to the workload, in order (one hand-over for all), once the
+    /// orders they answer are no longer counted pending.
     fn flush_events(&mut self) {
+        if self.answered > 0 {
+            let answered = std::mem::take(&mut self.answered);
+            self.shared.pending.fetch_sub(answered, Ordering::Relaxed);
+        }
         match self.events.len() {
             0 => {}
             1 => {

@@ -44,6 +44,7 @@ use bytes::BytesMut;
 // The per-order maps hash with foldhash, not std's SipHash: a device looks each order up several times, and the
 // keys are the generator's own (no one else chooses them).
 use foldhash::HashMap;
+use std::collections::BTreeMap;
 use std::net::SocketAddr;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
@@ -230,11 +231,20 @@ enum Use {
 
 /// Per device, the packet identifiers in use: orders and QoS 1 messages sent and not yet acknowledged (they keep
 /// theirs when sent again), subscriptions not yet answered.
+///
+/// Identifiers are given in turn (1, 2, 3, ...) and mostly acknowledged in that order, so the table of identifiers
+/// in use is ordered: giving one and taking one back touch its two ends, which stay in cache. An order is found by
+/// its identifier only; when it is sent again on a new connection, its identifier comes from `held`, made once per
+/// connection, so sending an order never searches by order.
 #[derive(Default)]
 struct DeviceIds {
     last: u16,
+    /// Every identifier in use, with what for.
+    in_use: BTreeMap<u16, Use>,
+    /// The identifiers of published messages and subscriptions in use, by what for.
     by_use: HashMap<Use, PacketId>,
-    in_use: HashMap<u16, Use>,
+    /// The identifiers orders held when the live connection was made: what each is sent again with.
+    held: HashMap<OrderId, PacketId>,
     /// The device's live connection (a number of the connector's): only its reader takes orders' identifiers
     /// back. A PUBACK read late on an older connection cannot then release an identifier that the order's
     /// resend on the new connection still waits on.
@@ -242,22 +252,56 @@ struct DeviceIds {
 }
 
 impl DeviceIds {
-    /// The identifier for `what` and whether it was given before (DUP); `None` if all 65,535 are taken.
+    /// Connection `conn` is now the device's live one: the orders holding identifiers are sent again on it with
+    /// them.
+    fn connected(&mut self, conn: u64) {
+        self.owner = conn;
+        self.held = self
+            .in_use
+            .iter()
+            .filter_map(|(&p, what)| match what {
+                Use::Order(order) => Some((*order, PacketId::new(p)?)),
+                _ => None,
+            })
+            .collect();
+    }
+
+    /// The identifier for order `order` and whether it was given before (DUP); `again`: the order was sent on an
+    /// earlier connection (then it keeps the identifier it had, if it had one). `None` if all 65,535 are taken.
+    fn for_order(&mut self, order: OrderId, again: bool) -> Option<(PacketId, bool)> {
+        if again {
+            if let Some(p) = self.held.remove(&order) {
+                if self.in_use.get(&p.get()) == Some(&Use::Order(order)) {
+                    return Some((p, true));
+                }
+            }
+        }
+        Some((self.next(Use::Order(order))?, false))
+    }
+
+    /// The identifier for a published message or a subscription and whether it was given before (DUP); `None` if
+    /// all 65,535 are taken.
     fn for_use(&mut self, what: Use) -> Option<(PacketId, bool)> {
         if let Some(&p) = self.by_use.get(&what) {
             return Some((p, true));
         }
+        let p = self.next(what)?;
+        self.by_use.insert(what, p);
+        Some((p, false))
+    }
+
+    /// The next identifier not in use, now in use for `what`.
+    fn next(&mut self, what: Use) -> Option<PacketId> {
         if self.in_use.len() >= usize::from(u16::MAX) {
             return None;
         }
         loop {
             self.last = self.last.wrapping_add(1);
             if let Some(p) = PacketId::new(self.last) {
-                if let std::collections::hash_map::Entry::Vacant(slot) = self.in_use.entry(p.get())
+                if let std::collections::btree_map::Entry::Vacant(slot) = self.in_use.entry(p.get())
                 {
                     slot.insert(what);
-                    self.by_use.insert(what, p);
-                    return Some((p, false));
+                    return Some(p);
                 }
             }
         }
@@ -275,11 +319,13 @@ impl DeviceIds {
         if conn != self.owner {
             return None;
         }
-        let Some(&Use::Order(order)) = self.in_use.get(&id.get()) else {
+        let std::collections::btree_map::Entry::Occupied(slot) = self.in_use.entry(id.get()) else {
             return None;
         };
-        self.in_use.remove(&id.get());
-        self.by_use.remove(&Use::Order(order));
+        let &Use::Order(order) = slot.get() else {
+            return None;
+        };
+        slot.remove();
         Some(order)
     }
 }
@@ -359,9 +405,7 @@ impl OrderConnector {
         }
         lock(self.device_ids(conn.device)?)
             .for_use(what)
-            .ok_or_else(|| {
-                TransportError::Protocol("65535 packet identifiers in use on one device".into())
-            })
+            .ok_or_else(identifiers_exhausted)
     }
 
     /// Wait for the answer to the packet with identifier `id`, queued as `frame`; the identifier is released
@@ -389,6 +433,14 @@ impl OrderConnector {
             Ok(reply)
         }
     }
+}
+
+fn identifiers_exhausted() -> TransportError {
+    TransportError::Protocol("65535 packet identifiers in use on one device".into())
+}
+
+fn encode_error(e: EncodeError) -> TransportError {
+    TransportError::Protocol(e.to_string())
 }
 
 /// The server's answer to a packet with an identifier.
@@ -423,7 +475,7 @@ impl Outbox {
     /// fails, or if the connection is closed.
     fn queue(
         &self,
-        encode: impl FnOnce(&mut BytesMut) -> Result<(), EncodeError>,
+        encode: impl FnOnce(&mut BytesMut) -> Result<(), TransportError>,
         written: Option<oneshot::Sender<()>>,
     ) -> Result<(), TransportError> {
         let mut queued = lock(&self.queued);
@@ -434,7 +486,7 @@ impl Outbox {
         let len = queued.bytes.len();
         if let Err(e) = encode(&mut queued.bytes) {
             queued.bytes.truncate(len);
-            return Err(TransportError::Protocol(e.to_string()));
+            return Err(e);
         }
         queued.written.extend(written);
         drop(queued);
@@ -541,7 +593,7 @@ impl Connector for OrderConnector {
             // This connection is now the device's: only its reader releases the device's orders' identifiers.
             let number = self.connections.fetch_add(1, Ordering::Relaxed) + 1;
             let ids = self.device_ids(device)?;
-            lock(ids).owner = number;
+            lock(ids).connected(number);
             let reader = tokio::spawn(read_acks(
                 rd,
                 leftover,
@@ -580,21 +632,34 @@ impl Connector for OrderConnector {
         conn.answers.take()
     }
 
-    fn queue_order(&self, conn: &OrderConn, order: &Order) -> Result<(), TransportError> {
-        let (packet_id, dup) = self.packet_id(conn, Use::Order(order.id))?;
-        // The PUBLISH's head, then the order's body, written in place in the connection's outgoing bytes.
+    fn queue_orders(
+        &self,
+        conn: &OrderConn,
+        orders: &mut dyn Iterator<Item = (&Order, bool)>,
+    ) -> Result<(), TransportError> {
+        let ids = self.device_ids(conn.device)?;
+        // Each order's PUBLISH head, then its body, written in place in the connection's outgoing bytes; the
+        // identifiers are taken once the outbox is known to be open (it closes before `closed` is set, so its own
+        // check is the one [`OrderConnector::packet_id`] makes for other packets), with one lock of each for all.
         conn.outbox.queue(
             |out| {
-                encode_publish_head(
-                    out,
-                    dup,
-                    QoS::AtLeastOnce,
-                    false,
-                    &conn.topic,
-                    Some(packet_id),
-                    order_body_len(order),
-                )?;
-                encode_order_body(order, out);
+                let mut ids = lock(ids);
+                for (order, again) in orders {
+                    let (packet_id, dup) = ids
+                        .for_order(order.id, again)
+                        .ok_or_else(identifiers_exhausted)?;
+                    encode_publish_head(
+                        out,
+                        dup,
+                        QoS::AtLeastOnce,
+                        false,
+                        &conn.topic,
+                        Some(packet_id),
+                        order_body_len(order),
+                    )
+                    .map_err(encode_error)?;
+                    encode_order_body(order, out);
+                }
                 Ok(())
             },
             None,
@@ -698,7 +763,10 @@ impl Connector for OrderConnector {
     fn disconnect(&self, conn: OrderConn) -> BoxFuture<'static, Result<(), TransportError>> {
         let queued = conn
             .outbox
-            .queue(|out| Packet::Disconnect.encode(out), None)
+            .queue(
+                |out| Packet::Disconnect.encode(out).map_err(encode_error),
+                None,
+            )
             .ok();
         Box::pin(async move {
             if queued.is_none() {
@@ -913,15 +981,14 @@ mod tests {
 
     #[test]
     fn only_the_live_connection_takes_an_orders_identifier_back() {
-        let mut ids = DeviceIds {
-            owner: 2,
-            ..DeviceIds::default()
-        };
-        let (p, dup) = ids.for_use(Use::Order(order_id(1))).unwrap();
+        let mut ids = DeviceIds::default();
+        ids.connected(1);
+        let (p, dup) = ids.for_order(order_id(1), false).unwrap();
         assert!(!dup);
         let (message, _) = ids.for_use(Use::Message(7)).unwrap();
-        // Sent again, an order keeps its identifier (DUP).
-        assert_eq!(ids.for_use(Use::Order(order_id(1))), Some((p, true)));
+        // On the next connection, the order is sent again with its identifier (DUP).
+        ids.connected(2);
+        assert_eq!(ids.for_order(order_id(1), true), Some((p, true)));
         // A PUBACK read late on an earlier connection releases nothing.
         assert_eq!(ids.take_order(1, p), None);
         assert_eq!(ids.take_order(2, message), None, "not an order's");
@@ -929,7 +996,41 @@ mod tests {
         assert_eq!(ids.take_order(2, p), None, "taken once");
         // Released: the order would get a new identifier, the message keeps its own.
         assert_eq!(ids.for_use(Use::Message(7)), Some((message, true)));
-        let (q, dup) = ids.for_use(Use::Order(order_id(1))).unwrap();
-        assert!(!dup && q != message);
+        let (q, dup) = ids.for_order(order_id(1), true).unwrap();
+        assert!(!dup && q != message && q != p);
+    }
+
+    #[test]
+    fn an_order_sent_again_keeps_its_identifier_only_while_it_holds_it() {
+        let mut ids = DeviceIds::default();
+        ids.connected(1);
+        let held: Vec<PacketId> = (0..5)
+            .map(|seq| ids.for_order(order_id(seq), false).unwrap().0)
+            .collect();
+        // Order 0 is acknowledged on connection 1, order 1 after the next connection was made (not released).
+        assert_eq!(ids.take_order(1, held[0]), Some(order_id(0)));
+        ids.connected(2);
+        assert_eq!(ids.take_order(1, held[1]), None);
+        // Orders 1-4 go again with theirs, a new order gets a new one.
+        for seq in 1..5 {
+            assert_eq!(
+                ids.for_order(order_id(seq), true),
+                Some((held[seq as usize], true))
+            );
+        }
+        let (fresh, dup) = ids.for_order(order_id(9), false).unwrap();
+        assert!(!dup && !held.contains(&fresh));
+        // Orders taken back before being sent again: a broker acknowledging an identifier this connection has not
+        // sent releases it, and the order then gets a new identifier rather than one given to something else.
+        ids.connected(3);
+        assert_eq!(ids.take_order(3, held[2]), Some(order_id(2)));
+        let (m, _) = ids.for_use(Use::Message(1)).unwrap();
+        let (again, dup) = ids.for_order(order_id(2), true).unwrap();
+        assert!(!dup && again != m && again != held[2]);
+        // An order that never got an identifier (all taken) gets one when sent again.
+        assert_eq!(
+            ids.for_order(order_id(77), true).map(|(_, dup)| dup),
+            Some(false)
+        );
     }
 }

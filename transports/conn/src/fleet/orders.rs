@@ -3,8 +3,7 @@
 //! would make the load generator, not the server, the thing measured.
 
 use super::ids::IdSet;
-use foldhash::HashMap;
-use std::collections::VecDeque;
+use std::collections::{BTreeMap, VecDeque};
 use tokio::time::Instant;
 use transport_core::{Order, OrderId};
 
@@ -17,31 +16,41 @@ struct Entry {
     sent_on: u64,
     /// When it was last sent (`None`: its connection dropped).
     sent_at: Option<Instant>,
+    /// Whether its last send was a second one or later (on a later connection than its first).
+    again: bool,
 }
 
 /// Unanswered orders: sent on the current connection or waiting to be.
 ///
-/// Most of a deep backlog has never been sent, so those orders wait in a queue in the order made and only the
-/// orders sent (at most the window, and what a dropped connection left) live in a map by id; the set of every
-/// unanswered id (to take each order once) is kept as runs of consecutive seqs ([`IdSet`]): the device's work per
-/// order touches memory that stays in cache.
+/// Most of a deep backlog has never been sent, so those orders wait in a queue in the order made, and the set of
+/// every unanswered id (to take each order once) is kept as runs of consecutive seqs ([`IdSet`]). The orders sent
+/// (at most the window, and what a dropped connection left) wait in a ring in the order of their latest send, found
+/// by id through an ordered index of send numbers. Answers come back nearly in the order sent, so an answer finds
+/// its order at the ring's front, next to the one answered before it, and the index's entries at its left edge: the
+/// device's work per order touches memory that stays in cache or that the CPU fetches ahead, where a hash table of
+/// the orders in flight made every answer a miss on a slot written a round trip earlier.
 #[derive(Default)]
 pub(super) struct Orders {
     /// Every unanswered order's id, sent or not.
     ids: IdSet,
     /// Orders never sent, in the order made; every one was made after every order in `sent`.
     fresh: VecDeque<(u64, Order)>,
-    /// Orders sent at least once and not answered.
-    sent: HashMap<OrderId, Entry>,
+    /// Orders sent at least once and not answered, in the order of their latest send: slot `i` holds send number
+    /// `first + i`, `None` once its order was answered or sent again.
+    sent: VecDeque<Option<Entry>>,
+    /// The send number of `sent`'s first slot.
+    first: u64,
+    /// The send number of each order in `sent`.
+    at: BTreeMap<OrderId, u64>,
+    /// Every slot before this send number is empty or its connection dropped (where [`Orders::oldest_sent`]
+    /// looks from).
+    awaited: u64,
     made: u64,
     /// The generation [`Orders::again`] is for.
     generation: u64,
     /// Orders sent on an earlier connection, to send again on `generation` before any fresh one, in the order made
     /// (ids no longer in `sent` are skipped).
     again: VecDeque<OrderId>,
-    /// Every send, in time order: `(when, id, generation)`; a record is stale once its order was answered, sent
-    /// again, or its connection dropped, and is skipped then.
-    sends: VecDeque<(Instant, OrderId, u64)>,
     /// How many orders are sent on `generation` and not answered: at most the window given to
     /// [`Orders::send_unsent`].
     in_flight: usize,
@@ -74,10 +83,49 @@ impl Orders {
         self.ids.clear();
         self.fresh.clear();
         self.sent.clear();
+        self.first = 0;
+        self.at.clear();
+        self.awaited = 0;
         self.again.clear();
-        self.sends.clear();
         self.in_flight = 0;
         n
+    }
+
+    /// Where send number `n` is in the ring.
+    fn index(&self, n: u64) -> usize {
+        usize::try_from(n - self.first).expect("a slot of the ring")
+    }
+
+    /// Take order `id`'s entry out of the ring (its slot left empty).
+    fn take(&mut self, id: &OrderId) -> Option<Entry> {
+        let n = self.at.remove(id)?;
+        let i = self.index(n);
+        let e = self.sent[i].take();
+        debug_assert!(e.is_some(), "the index points at a full slot");
+        e
+    }
+
+    /// Put `entry` at the ring's back: its latest send.
+    fn put(&mut self, entry: Entry) {
+        let n = self.first + self.sent.len() as u64;
+        self.at.insert(entry.order.id, n);
+        self.sent.push_back(Some(entry));
+    }
+
+    /// Drop the ring's empty slots at the front, and close up its gaps once most of it is empty (an order left
+    /// unanswered while many after it are answered would otherwise hold a ring as long as all of them).
+    fn trim(&mut self) {
+        while matches!(self.sent.front(), Some(None)) {
+            self.sent.pop_front();
+            self.first += 1;
+        }
+        if self.sent.len() > 2 * self.at.len() + 64 {
+            self.sent.retain(Option::is_some);
+            for (i, e) in self.sent.iter().flatten().enumerate() {
+                *self.at.get_mut(&e.order.id).expect("indexed") = self.first + i as u64;
+            }
+            self.awaited = self.first;
+        }
     }
 
     /// Answered: forget it. Whether it was here (an order is answered once).
@@ -85,11 +133,12 @@ impl Orders {
         if !self.ids.remove(id) {
             return false;
         }
-        match self.sent.remove(id) {
+        match self.take(id) {
             Some(e) => {
                 if e.sent_on == self.generation && e.sent_at.is_some() {
                     self.in_flight -= 1;
                 }
+                self.trim();
             }
             // Never sent: a device only hears answers to orders it sent, so this is not on its path.
             None => self.fresh.retain(|(_, o)| o.id != *id),
@@ -97,16 +146,16 @@ impl Orders {
         true
     }
 
-    /// Hand orders not yet sent on connection `generation` to `send`, in the order they were made, until `window`
-    /// of them are in flight on it, with whether each had been sent before (on an earlier connection), and note
-    /// when: an order's answer is awaited from the moment it is sent, never while it waits for room.
+    /// Send orders not yet sent on connection `generation`, in the order they were made, until `window` of them
+    /// are in flight on it, noting when: an order's answer is awaited from the moment it is sent, never while it
+    /// waits for room. The orders to send now, in that order, each with whether it had been sent before (on an
+    /// earlier connection).
     pub(super) fn send_unsent(
         &mut self,
         generation: u64,
         window: usize,
         now: Instant,
-        mut send: impl FnMut(&Order, bool),
-    ) {
+    ) -> impl Iterator<Item = (&Order, bool)> {
         if generation != self.generation {
             // A new connection: everything sent before goes again, in the order it was made, then the fresh ones.
             self.generation = generation;
@@ -114,60 +163,94 @@ impl Orders {
             let mut all: Vec<(u64, OrderId)> = self
                 .sent
                 .iter()
-                .filter(|(_, e)| e.sent_on != generation)
-                .map(|(id, e)| (e.made, *id))
+                .flatten()
+                .filter(|e| e.sent_on != generation)
+                .map(|e| (e.made, e.order.id))
                 .collect();
             all.sort_unstable();
             self.again = all.into_iter().map(|(_, id)| id).collect();
         }
+        let mut sent = 0;
         while self.in_flight < window {
-            let (entry, again) = if let Some(id) = self.again.pop_front() {
-                let Some(e) = self.sent.get_mut(&id) else {
+            let mut entry = if let Some(id) = self.again.pop_front() {
+                let Some(&n) = self.at.get(&id) else {
                     continue; // answered meanwhile
                 };
-                if e.sent_on == generation {
+                if self.sent[self.index(n)]
+                    .as_ref()
+                    .is_some_and(|e| e.sent_on == generation)
+                {
                     continue;
                 }
-                (e, true)
+                let mut entry = self.take(&id).expect("indexed");
+                entry.again = true;
+                entry
             } else if let Some((made, order)) = self.fresh.pop_front() {
-                let e = self.sent.entry(order.id).or_insert(Entry {
+                Entry {
                     order,
                     made,
                     sent_on: 0,
                     sent_at: None,
-                });
-                (e, false)
+                    again: false,
+                }
             } else {
                 break;
             };
             entry.sent_on = generation;
             entry.sent_at = Some(now);
             self.in_flight += 1;
-            self.sends.push_back((now, entry.order.id, generation));
-            send(&entry.order, again);
+            self.put(entry);
+            sent += 1;
         }
+        // The orders sent now are the ring's last (closing up its gaps keeps them there, in order).
+        self.trim();
+        self.sent.range(self.sent.len() - sent..).map(|e| {
+            let e = e.as_ref().expect("sent now");
+            (&e.order, e.again)
+        })
     }
 
     /// When the longest-waiting order sent on a live connection was sent.
     pub(super) fn oldest_sent(&mut self) -> Option<Instant> {
-        while let Some(&(at, id, generation)) = self.sends.front() {
-            match self.sent.get(&id) {
-                Some(e) if e.sent_on == generation && e.sent_at == Some(at) => return Some(at),
-                _ => {
-                    self.sends.pop_front();
-                }
+        self.awaited = self.awaited.max(self.first);
+        let end = self.first + self.sent.len() as u64;
+        while self.awaited < end {
+            if let Some(at) = self.sent[self.index(self.awaited)]
+                .as_ref()
+                .and_then(|e| e.sent_at)
+            {
+                return Some(at);
             }
+            self.awaited += 1;
         }
         None
     }
 
     /// The connection dropped: nothing is waiting for an answer on it any more.
     pub(super) fn connection_dropped(&mut self) {
-        for e in self.sent.values_mut() {
+        for e in self.sent.iter_mut().flatten() {
             e.sent_at = None;
         }
-        self.sends.clear();
+        self.awaited = self.first + self.sent.len() as u64;
         self.in_flight = 0;
+    }
+
+    /// The ring's and the index's promises, checked.
+    #[cfg(test)]
+    fn check(&self) {
+        let full = self.sent.iter().flatten().count();
+        assert_eq!(full, self.at.len(), "one index entry per full slot");
+        for (&id, &n) in &self.at {
+            let e = self.sent[self.index(n)]
+                .as_ref()
+                .expect("indexed slot full");
+            assert_eq!(e.order.id, id);
+        }
+        assert!(
+            !matches!(self.sent.front(), Some(None)),
+            "no empty slot first"
+        );
+        assert!(self.sent.len() <= 2 * self.at.len() + 64, "gaps closed up");
     }
 }
 
@@ -198,11 +281,9 @@ mod tests {
         window: usize,
         now: Instant,
     ) -> Vec<(u64, bool)> {
-        let mut out = Vec::new();
-        o.send_unsent(generation, window, now, |order, again| {
-            out.push((order.id.seq, again))
-        });
-        out
+        o.send_unsent(generation, window, now)
+            .map(|(order, again)| (order.id.seq, again))
+            .collect()
     }
 
     #[test]
@@ -279,6 +360,7 @@ mod tests {
                 _ => {}
             }
             assert_eq!(o.is_empty(), model.is_empty());
+            o.check();
         }
         // Everything unanswered goes on a new connection, each once.
         generation += 1;
@@ -337,5 +419,32 @@ mod tests {
         );
         assert!(o.remove(&order(3).id));
         assert_eq!(sent_within(&mut o, 2, 2, t1), [(5, false)]);
+    }
+
+    #[test]
+    fn an_order_left_unanswered_holds_neither_its_place_nor_a_long_ring() {
+        // One order is never answered while a hundred thousand sent after it are, in and out of order.
+        let t0 = Instant::now();
+        let mut o = Orders::default();
+        o.push(order(0));
+        sent(&mut o, 1, t0);
+        for seq in 1..=100_000u64 {
+            o.push(order(seq));
+            sent(&mut o, 1, t0 + Duration::from_micros(seq));
+            let answer = if seq % 3 == 0 { seq - 1 } else { seq };
+            if answer > 0 && seq % 3 != 2 {
+                assert!(o.remove(&order(answer).id), "{answer}");
+            }
+            if seq % 3 == 0 {
+                assert!(o.remove(&order(seq).id), "{seq}");
+            }
+            o.check();
+            assert_eq!(o.oldest_sent(), Some(t0), "order 0 is still awaited");
+        }
+        assert_eq!(o.in_flight(), 1);
+        assert!(o.remove(&order(0).id));
+        assert_eq!(o.oldest_sent(), None);
+        assert!(o.is_empty());
+        o.check();
     }
 }

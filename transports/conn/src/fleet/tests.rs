@@ -38,7 +38,7 @@ struct Fake {
     most_in_flight: AtomicUsize,
     /// Connections are pipelined ([`Connector::answers`]) rather than a request per order.
     pipelined: bool,
-    /// Pipelined: the next order queued fails (its connection is closed).
+    /// Pipelined: queueing the next order fails (its connection is closed).
     queue_fails: AtomicBool,
 }
 
@@ -156,20 +156,26 @@ impl Connector for FakeConnector {
         }
     }
 
-    fn queue_order(&self, conn: &FakeConn, order: &Order) -> Result<(), TransportError> {
+    fn queue_orders(
+        &self,
+        conn: &FakeConn,
+        orders: &mut dyn Iterator<Item = (&Order, bool)>,
+    ) -> Result<(), TransportError> {
         assert!(
             self.0.pipelined,
             "a pipelined order on a connection that is not"
         );
-        if self.0.queue_fails.swap(false, Ordering::Relaxed) {
-            return Err(TransportError::Protocol("connection closed".into()));
-        }
-        let (answer, answering) = (self.answer(conn, order), conn.answering.clone());
-        tokio::spawn(async move {
-            if let Ok(answer) = answer.await {
-                let _ = answering.send(vec![answer]);
+        for (order, _) in orders {
+            if self.0.queue_fails.swap(false, Ordering::Relaxed) {
+                return Err(TransportError::Protocol("connection closed".into()));
             }
-        });
+            let (answer, answering) = (self.answer(conn, order), conn.answering.clone());
+            tokio::spawn(async move {
+                if let Ok(answer) = answer.await {
+                    let _ = answering.send(vec![answer]);
+                }
+            });
+        }
         Ok(())
     }
 
