@@ -44,7 +44,6 @@ use bytes::BytesMut;
 // The per-order maps hash with foldhash, not std's SipHash: a device looks each order up several times, and the
 // keys are the generator's own (no one else chooses them).
 use foldhash::HashMap;
-use std::collections::BTreeMap;
 use std::net::SocketAddr;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
@@ -232,15 +231,13 @@ enum Use {
 /// Per device, the packet identifiers in use: orders and QoS 1 messages sent and not yet acknowledged (they keep
 /// theirs when sent again), subscriptions not yet answered.
 ///
-/// Identifiers are given in turn (1, 2, 3, ...) and mostly acknowledged in that order, so the table of identifiers
-/// in use is ordered: giving one and taking one back touch its two ends, which stay in cache. An order is found by
-/// its identifier only; when it is sent again on a new connection, its identifier comes from `held`, made once per
-/// connection, so sending an order never searches by order.
+/// An order is found by its identifier only; when it is sent again on a new connection, its identifier comes from
+/// `held`, made once per connection, so sending an order never searches by order and keeps no second entry.
 #[derive(Default)]
 struct DeviceIds {
     last: u16,
     /// Every identifier in use, with what for.
-    in_use: BTreeMap<u16, Use>,
+    in_use: HashMap<u16, Use>,
     /// The identifiers of published messages and subscriptions in use, by what for.
     by_use: HashMap<Use, PacketId>,
     /// The identifiers orders held when the live connection was made: what each is sent again with.
@@ -298,7 +295,7 @@ impl DeviceIds {
         loop {
             self.last = self.last.wrapping_add(1);
             if let Some(p) = PacketId::new(self.last) {
-                if let std::collections::btree_map::Entry::Vacant(slot) = self.in_use.entry(p.get())
+                if let std::collections::hash_map::Entry::Vacant(slot) = self.in_use.entry(p.get())
                 {
                     slot.insert(what);
                     return Some(p);
@@ -319,7 +316,7 @@ impl DeviceIds {
         if conn != self.owner {
             return None;
         }
-        let std::collections::btree_map::Entry::Occupied(slot) = self.in_use.entry(id.get()) else {
+        let std::collections::hash_map::Entry::Occupied(slot) = self.in_use.entry(id.get()) else {
             return None;
         };
         let &Use::Order(order) = slot.get() else {

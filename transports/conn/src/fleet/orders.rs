@@ -3,7 +3,8 @@
 //! would make the load generator, not the server, the thing measured.
 
 use super::ids::IdSet;
-use std::collections::{BTreeMap, VecDeque};
+use foldhash::HashMap;
+use std::collections::VecDeque;
 use tokio::time::Instant;
 use transport_core::{Order, OrderId};
 
@@ -25,10 +26,9 @@ struct Entry {
 /// Most of a deep backlog has never been sent, so those orders wait in a queue in the order made, and the set of
 /// every unanswered id (to take each order once) is kept as runs of consecutive seqs ([`IdSet`]). The orders sent
 /// (at most the window, and what a dropped connection left) wait in a ring in the order of their latest send, found
-/// by id through an ordered index of send numbers. Answers come back nearly in the order sent, so an answer finds
-/// its order at the ring's front, next to the one answered before it, and the index's entries at its left edge: the
-/// device's work per order touches memory that stays in cache or that the CPU fetches ahead, where a hash table of
-/// the orders in flight made every answer a miss on a slot written a round trip earlier.
+/// by id through a small table of send numbers. Answers come back nearly in the order sent, so an answer finds its
+/// order near the ring's front, next to the one answered before it, where the CPU has fetched it ahead; a hash table
+/// holding the orders themselves made every answer a miss on a large slot written a round trip earlier.
 #[derive(Default)]
 pub(super) struct Orders {
     /// Every unanswered order's id, sent or not.
@@ -40,8 +40,8 @@ pub(super) struct Orders {
     sent: VecDeque<Option<Entry>>,
     /// The send number of `sent`'s first slot.
     first: u64,
-    /// The send number of each order in `sent`.
-    at: BTreeMap<OrderId, u64>,
+    /// The send number of each order in `sent` (a key and a number: the table stays small).
+    at: HashMap<OrderId, u64>,
     /// Every slot before this send number is empty or its connection dropped (where [`Orders::oldest_sent`]
     /// looks from).
     awaited: u64,
