@@ -4,6 +4,7 @@
 //!   implements, and the events its links report.
 //! - [`events`]: the channel a fleet's links report their events on, one at a time or in batches.
 //! - [`order`]: what a device sends and a server stores, and how it is identified.
+//! - [`ordered`]: a sorted ring, for tables of keys that mostly arrive in order and leave oldest first.
 //! - [`commit`]: the [`OrderStore`](commit::OrderStore) a server commits orders to before it answers "stored"
 //!   (implemented by the `transport-store` crate).
 //! - [`counters`]: asymmetric operations, handshakes, re-sends, refusals, counted where they happen.
@@ -23,6 +24,7 @@ pub mod framing;
 pub mod keys;
 pub mod net;
 pub mod order;
+pub mod ordered;
 pub mod procfs;
 pub mod transport;
 

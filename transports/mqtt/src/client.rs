@@ -58,6 +58,7 @@ use transport_conn::fleet::{self, Answer, Answers, Connector, Deliveries, Delive
 use transport_core::counters::Counters;
 use transport_core::framing::{encode_order_body, order_body_len};
 use transport_core::net::fast_open;
+use transport_core::ordered::Ordered;
 use transport_core::{device_name, BoxFuture, Order, OrderId, Publish, TransportError};
 use transport_tls::{ClientTls, SERVER_NAME};
 
@@ -237,7 +238,7 @@ enum Use {
 struct DeviceIds {
     last: u16,
     /// Every identifier in use, with what for.
-    in_use: HashMap<u16, Use>,
+    in_use: Ordered<u16, Use>,
     /// The identifiers of published messages and subscriptions in use, by what for.
     by_use: HashMap<Use, PacketId>,
     /// The identifiers orders held when the live connection was made: what each is sent again with.
@@ -256,8 +257,8 @@ impl DeviceIds {
         self.held = self
             .in_use
             .iter()
-            .filter_map(|(&p, what)| match what {
-                Use::Order(order) => Some((*order, PacketId::new(p)?)),
+            .filter_map(|&(p, what)| match what {
+                Use::Order(order) => Some((order, PacketId::new(p)?)),
                 _ => None,
             })
             .collect();
@@ -268,7 +269,7 @@ impl DeviceIds {
     fn for_order(&mut self, order: OrderId, again: bool) -> Option<(PacketId, bool)> {
         if again {
             if let Some(p) = self.held.remove(&order) {
-                if self.in_use.get(&p.get()) == Some(&Use::Order(order)) {
+                if self.in_use.get(&p.get()) == Some(Use::Order(order)) {
                     return Some((p, true));
                 }
             }
@@ -295,9 +296,8 @@ impl DeviceIds {
         loop {
             self.last = self.last.wrapping_add(1);
             if let Some(p) = PacketId::new(self.last) {
-                if let std::collections::hash_map::Entry::Vacant(slot) = self.in_use.entry(p.get())
-                {
-                    slot.insert(what);
+                if self.in_use.get(&p.get()).is_none() {
+                    self.in_use.insert(p.get(), what);
                     return Some(p);
                 }
             }
@@ -316,13 +316,10 @@ impl DeviceIds {
         if conn != self.owner {
             return None;
         }
-        let std::collections::hash_map::Entry::Occupied(slot) = self.in_use.entry(id.get()) else {
+        let (at, Use::Order(order)) = self.in_use.position(&id.get())? else {
             return None;
         };
-        let &Use::Order(order) = slot.get() else {
-            return None;
-        };
-        slot.remove();
+        self.in_use.remove_at(at);
         Some(order)
     }
 }

@@ -11,8 +11,9 @@
 //! answer, never above the configured window.
 
 use std::collections::VecDeque;
-use std::ops::{Bound, RangeBounds};
+use std::ops::RangeBounds;
 use std::time::{Duration, Instant};
+use transport_core::ordered::Ordered;
 
 /// The congestion window never shrinks below this many frames.
 pub const MIN_WINDOW: f64 = 2.0;
@@ -424,96 +425,6 @@ impl<K: Ord + Copy, T> Flight<K, T> {
     }
 }
 
-/// Keys in order, each with its slot: a sorted ring. A key larger than every other (the next number sent) goes in at
-/// the back and the oldest comes out at the front, both without moving the rest; a lookup is a binary search, and
-/// only a key answered out of order moves its neighbours (at most a window's worth of 16-byte pairs). It does what
-/// a B-tree did here in a fraction of the time: the B-tree's search and rebalancing were a sixth of a device's
-/// time in the drain.
-#[derive(Debug)]
-struct Ordered<K> {
-    keys: VecDeque<(K, u32)>,
-}
-
-impl<K> Default for Ordered<K> {
-    fn default() -> Self {
-        Ordered {
-            keys: VecDeque::new(),
-        }
-    }
-}
-
-impl<K: Ord + Copy> Ordered<K> {
-    fn find(&self, key: &K) -> Result<usize, usize> {
-        self.keys.binary_search_by(|(k, _)| k.cmp(key))
-    }
-
-    fn get(&self, key: &K) -> Option<u32> {
-        self.position(key).map(|(_, slot)| slot)
-    }
-
-    /// Where `key` is in the ring, and its slot.
-    #[inline]
-    fn position(&self, key: &K) -> Option<(usize, u32)> {
-        if self.keys.back().is_none_or(|(last, _)| last < key) {
-            return None;
-        }
-        // Frames are mostly answered oldest first: the front is the likeliest, and needs no search.
-        match self.keys.front() {
-            Some((first, slot)) if first == key => Some((0, *slot)),
-            _ => self.find(key).ok().map(|i| (i, self.keys[i].1)),
-        }
-    }
-
-    /// Take out the key at `at` (a [`Ordered::position`]).
-    fn remove_at(&mut self, at: usize) {
-        if at == 0 {
-            self.keys.pop_front();
-        } else {
-            self.keys.remove(at);
-        }
-    }
-
-    /// Add `key` at `slot` (or give it `slot` if it is there).
-    fn insert(&mut self, key: K, slot: u32) {
-        if self.keys.back().is_none_or(|(last, _)| *last < key) {
-            self.keys.push_back((key, slot));
-            return;
-        }
-        match self.find(&key) {
-            Ok(i) => self.keys[i].1 = slot,
-            Err(i) => self.keys.insert(i, (key, slot)),
-        }
-    }
-
-    fn remove(&mut self, key: &K) -> Option<u32> {
-        let (at, slot) = self.position(key)?;
-        self.remove_at(at);
-        Some(slot)
-    }
-
-    fn iter(&self) -> impl Iterator<Item = &(K, u32)> {
-        self.keys.iter()
-    }
-
-    fn first_in(&self, range: impl RangeBounds<K>) -> Option<K> {
-        let start = match range.start_bound() {
-            Bound::Included(s) => self.keys.partition_point(|(k, _)| k < s),
-            Bound::Excluded(s) => self.keys.partition_point(|(k, _)| k <= s),
-            Bound::Unbounded => 0,
-        };
-        let &(key, _) = self.keys.get(start)?;
-        range.contains(&key).then_some(key)
-    }
-
-    fn len(&self) -> usize {
-        self.keys.len()
-    }
-
-    fn is_empty(&self) -> bool {
-        self.keys.is_empty()
-    }
-}
-
 /// What a [`ReplayWindow`] says about a number.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Seen {
@@ -587,65 +498,6 @@ impl ReplayWindow {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use rand::{RngExt, SeedableRng};
-    use std::collections::BTreeMap;
-
-    /// The ordered index against a B-tree, through inserts at the back and in the middle, removes at the front and
-    /// in the middle, lookups of present and absent keys, and ranges.
-    #[test]
-    fn the_ordered_index_keeps_what_a_btree_keeps() {
-        let mut rng = rand::rngs::StdRng::seed_from_u64(7);
-        let mut ordered = Ordered::default();
-        let mut model = BTreeMap::new();
-        let mut next = 0u64;
-        for step in 0..20_000u32 {
-            match rng.random_range(0..10) {
-                // Mostly the next number, as a sender numbers its frames.
-                0..=3 => {
-                    next += rng.random_range(1..3);
-                    ordered.insert(next, step);
-                    model.insert(next, step);
-                }
-                // A number below the newest (re-numbered or reordered).
-                4 => {
-                    let k = rng.random_range(0..=next);
-                    model.insert(k, step);
-                    ordered.insert(k, step);
-                }
-                // The oldest answered, or one out of order.
-                5 | 6 => {
-                    let k = *model.keys().next().unwrap_or(&0);
-                    assert_eq!(ordered.remove(&k), model.remove(&k));
-                }
-                7 => {
-                    let k = rng.random_range(0..=next + 1);
-                    assert_eq!(ordered.remove(&k), model.remove(&k));
-                }
-                _ => {
-                    let k = rng.random_range(0..=next + 1);
-                    assert_eq!(ordered.get(&k), model.get(&k).copied());
-                    let (a, b) = (k, k + rng.random_range(0..4));
-                    assert_eq!(
-                        ordered.first_in(a..b),
-                        model.range(a..b).next().map(|(k, _)| *k)
-                    );
-                    assert_eq!(
-                        ordered.first_in(a..=b),
-                        model.range(a..=b).next().map(|(k, _)| *k)
-                    );
-                    assert_eq!(
-                        ordered.first_in(a..),
-                        model.range(a..).next().map(|(k, _)| *k)
-                    );
-                    assert_eq!(ordered.first_in(..), model.keys().next().copied());
-                }
-            }
-            assert_eq!(ordered.len(), model.len());
-            assert_eq!(ordered.is_empty(), model.is_empty());
-        }
-        let all: Vec<(u64, u32)> = ordered.iter().copied().collect();
-        assert_eq!(all, model.into_iter().collect::<Vec<_>>());
-    }
 
     #[test]
     fn the_window_tells_new_numbers_from_repeats_in_any_order() {

@@ -3,9 +3,9 @@
 //! would make the load generator, not the server, the thing measured.
 
 use super::ids::IdSet;
-use foldhash::HashMap;
 use std::collections::VecDeque;
 use tokio::time::Instant;
+use transport_core::ordered::Ordered;
 use transport_core::{Order, OrderId};
 
 /// An order sent at least once and not answered.
@@ -26,9 +26,9 @@ struct Entry {
 /// Most of a deep backlog has never been sent, so those orders wait in a queue in the order made, and the set of
 /// every unanswered id (to take each order once) is kept as runs of consecutive seqs ([`IdSet`]). The orders sent
 /// (at most the window, and what a dropped connection left) wait in a ring in the order of their latest send, found
-/// by id through a small table of send numbers. Answers come back nearly in the order sent, so an answer finds its
-/// order near the ring's front, next to the one answered before it, where the CPU has fetched it ahead; a hash table
-/// holding the orders themselves made every answer a miss on a large slot written a round trip earlier.
+/// by id through a sorted ring of send numbers ([`Ordered`]). Answers come back nearly in the order sent, so an
+/// answer finds its send number at the front of one and its order near the front of the other, next to the ones
+/// answered before it; a hash table of the orders made every answer a miss on a slot written a round trip earlier.
 #[derive(Default)]
 pub(super) struct Orders {
     /// Every unanswered order's id, sent or not.
@@ -40,8 +40,9 @@ pub(super) struct Orders {
     sent: VecDeque<Option<Entry>>,
     /// The send number of `sent`'s first slot.
     first: u64,
-    /// The send number of each order in `sent` (a key and a number: the table stays small).
-    at: HashMap<OrderId, u64>,
+    /// The send number of each order in `sent`, by id in order: a device's ids mostly grow as it sends, and its
+    /// answers mostly come oldest first, so a send adds at the back and an answer takes from the front.
+    at: Ordered<OrderId, u64>,
     /// Every slot before this send number is empty or its connection dropped (where [`Orders::oldest_sent`]
     /// looks from).
     awaited: u64,
@@ -122,7 +123,7 @@ impl Orders {
         if self.sent.len() > 2 * self.at.len() + 64 {
             self.sent.retain(Option::is_some);
             for (i, e) in self.sent.iter().flatten().enumerate() {
-                *self.at.get_mut(&e.order.id).expect("indexed") = self.first + i as u64;
+                self.at.insert(e.order.id, self.first + i as u64);
             }
             self.awaited = self.first;
         }
@@ -173,7 +174,7 @@ impl Orders {
         let mut sent = 0;
         while self.in_flight < window {
             let mut entry = if let Some(id) = self.again.pop_front() {
-                let Some(&n) = self.at.get(&id) else {
+                let Some(n) = self.at.get(&id) else {
                     continue; // answered meanwhile
                 };
                 if self.sent[self.index(n)]
@@ -240,7 +241,7 @@ impl Orders {
     fn check(&self) {
         let full = self.sent.iter().flatten().count();
         assert_eq!(full, self.at.len(), "one index entry per full slot");
-        for (&id, &n) in &self.at {
+        for &(id, n) in self.at.iter() {
             let e = self.sent[self.index(n)]
                 .as_ref()
                 .expect("indexed slot full");
