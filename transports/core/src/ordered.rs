@@ -81,11 +81,6 @@ impl<K: Ord + Copy, V: Copy> Ordered<K, V> {
         self.keys.iter()
     }
 
-    /// The value of every key, in the keys' order, to change.
-    pub fn values_mut(&mut self) -> impl Iterator<Item = &mut V> {
-        self.keys.iter_mut().map(|(_, v)| v)
-    }
-
     /// The first key in `range`.
     pub fn first_in(&self, range: impl RangeBounds<K>) -> Option<K> {
         let start = match range.start_bound() {
