@@ -25,6 +25,7 @@ pub mod keys;
 pub mod net;
 pub mod order;
 pub mod ordered;
+pub mod prefetch;
 pub mod procfs;
 pub mod transport;
 

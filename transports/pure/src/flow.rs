@@ -265,6 +265,17 @@ impl<K: Ord + Copy, T> Flight<K, T> {
         self.index.is_empty()
     }
 
+    /// Ask the processor for the entries of the `n` oldest frames in flight: an answer names mostly the oldest, and
+    /// their entries, written a round trip ago, have left the caches; asked for together, their misses overlap
+    /// instead of stalling one after another as each is taken (see [`transport_core::prefetch`]). Changes nothing.
+    pub fn prefetch_oldest(&self, n: usize) {
+        for &(_, slot) in self.index.iter().take(n) {
+            if let Some(entry) = self.slots.get(slot as usize) {
+                transport_core::prefetch::prefetch_all(entry);
+            }
+        }
+    }
+
     /// The item of a frame in flight.
     pub fn get(&self, key: &K) -> Option<&T> {
         self.entry(key).map(|e| &e.item)

@@ -160,7 +160,13 @@ impl Outbox {
             return;
         };
         let taken = max.min(orders.len());
+        // The backlog was made before the run and has left the caches: ask for this turn's orders and the next
+        // turn's together, and for each order's payload as it goes by (read when the frame is sealed, soon after).
+        for order in orders.as_slice().iter().take(2 * taken) {
+            transport_core::prefetch::prefetch_all(order);
+        }
         for order in orders.by_ref().take(taken) {
+            transport_core::prefetch::prefetch(order.payload.as_ptr());
             put(order);
         }
         if orders.len() == 0 {
@@ -546,6 +552,7 @@ impl Sender {
             return;
         }
         let left = self.left_runs.contains(&b.receiver_run);
+        self.flight.prefetch_oldest(b.len());
         // The round trip of the frame sent last of those sent once: the one sample this answer gives.
         let (mut taken, mut last_sent) = (0, None::<Instant>);
         for seq in b.seqs() {
