@@ -310,9 +310,8 @@ pub struct Sender {
     events: VecDeque<SenderEvent>,
     /// The sealed records of answered frames, reused for the next records sealed (at most [`SPARE_FRAMES`]): a
     /// record in flight keeps its sealed bytes for a re-send, and taking their buffers from here saves two
-    /// allocations per record.
+    /// allocations per record. Boxes, not their contents: each goes back into a frame in flight as it is.
     #[allow(clippy::vec_box)]
-    // the boxes themselves are reused: each goes back into a frame in flight as it is
     spare: Vec<Box<Sealed>>,
     /// The number of the next bundle: one count for all of this device's sessions, from a random start, so that no
     /// number is sealed twice under one key (see `docs/pure.md`).
