@@ -36,3 +36,18 @@ pub fn prefetch_all<T>(p: *const T) {
         line += LINE;
     }
 }
+
+/// Ask for the cache lines of the first `max_lines` lines' worth of `items` (or all of them, if fewer).
+#[inline(always)]
+pub fn prefetch_slice<T>(items: &[T], max_lines: usize) {
+    let start = items.as_ptr() as usize;
+    let bytes = std::mem::size_of_val(items).min(max_lines * LINE);
+    if bytes == 0 {
+        return;
+    }
+    let mut line = start & !(LINE - 1);
+    while line < start + bytes {
+        prefetch(line as *const u8);
+        line += LINE;
+    }
+}
