@@ -76,6 +76,11 @@ impl<K: Ord + Copy, V: Copy> Ordered<K, V> {
         Some(value)
     }
 
+    /// The key at `at` in order (0: the smallest), with its value.
+    pub fn get_at(&self, at: usize) -> Option<&(K, V)> {
+        self.keys.get(at)
+    }
+
     /// Every key with its value, in order.
     pub fn iter(&self) -> impl Iterator<Item = &(K, V)> {
         self.keys.iter()

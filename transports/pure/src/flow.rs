@@ -323,13 +323,22 @@ impl<K: Ord + Copy, T> Flight<K, T> {
     }
 
     /// Ask the processor for the entries of the `n` oldest frames in flight: an answer names mostly the oldest, and
-    /// their entries, written a round trip ago, have left the caches; asked for together, their misses overlap
-    /// instead of stalling one after another as each is taken (see [`transport_core::prefetch`]). Changes nothing.
+    /// their entries, written a round trip ago, have left the caches; asked for ahead, their misses overlap instead
+    /// of stalling one after another as each is taken (see [`transport_core::prefetch`]). Changes nothing.
     pub fn prefetch_oldest(&self, n: usize) {
-        for &(_, slot) in self.index.iter().take(n) {
-            if let Some(entry) = self.slots.get(slot as usize) {
-                transport_core::prefetch::prefetch_all(entry);
-            }
+        for at in 0..n {
+            self.prefetch_at(at);
+        }
+    }
+
+    /// Ask the processor for the entry of the frame at `at` in order (0: the oldest in flight). Changes nothing.
+    pub fn prefetch_at(&self, at: usize) {
+        if let Some(entry) = self
+            .index
+            .get_at(at)
+            .and_then(|&(_, slot)| self.slots.get(slot as usize))
+        {
+            transport_core::prefetch::prefetch_all(entry);
         }
     }
 

@@ -160,14 +160,22 @@ impl Outbox {
             return;
         };
         let taken = max.min(orders.len());
-        // The backlog was made before the run and has left the caches: ask for this turn's orders and the next
-        // turn's together, and for each order's payload as it goes by (read when the frame is sealed, soon after).
-        for order in orders.as_slice().iter().take(2 * taken) {
+        // The backlog was made before the run and has left the caches: each order is asked for `ORDERS_AHEAD`
+        // orders before it is taken, and its payload (read when the frame is sealed, soon after) `PAYLOADS_AHEAD`
+        // before, when the order that points at it has come in. A few ahead, not a turn's worth at once: the core
+        // keeps only so many misses in flight, and hints beyond that wait for room.
+        for order in orders.as_slice().iter().take(ORDERS_AHEAD) {
             transport_core::prefetch::prefetch_all(order);
         }
-        for order in orders.by_ref().take(taken) {
-            transport_core::prefetch::prefetch(order.payload.as_ptr());
-            put(order);
+        for _ in 0..taken {
+            let ahead = orders.as_slice();
+            if let Some(order) = ahead.get(ORDERS_AHEAD) {
+                transport_core::prefetch::prefetch_all(order);
+            }
+            if let Some(order) = ahead.get(PAYLOADS_AHEAD) {
+                transport_core::prefetch::prefetch(order.payload.as_ptr());
+            }
+            put(orders.next().expect("taken is at most what is left"));
         }
         if orders.len() == 0 {
             self.queue.pop_front();
@@ -319,6 +327,12 @@ pub struct Sender {
     /// The plaintext of the bundle being built, kept between datagrams.
     entries: Vec<u8>,
 }
+
+/// How far ahead of the one taken the next orders of a backlog, their payloads, and the entries an answer names are
+/// asked for from memory (see [`transport_core::prefetch`]): about as many lines as a core has misses in flight.
+const ORDERS_AHEAD: usize = 16;
+const PAYLOADS_AHEAD: usize = 8;
+const ENTRIES_AHEAD: usize = 8;
 
 /// Answered frames' buffers a sender keeps for reuse: a window's worth of the default flow.
 const SPARE_FRAMES: usize = 256;
@@ -563,10 +577,16 @@ impl Sender {
             return;
         }
         let left = self.left_runs.contains(&b.receiver_run);
-        self.flight.prefetch_oldest(b.len());
+        // The entries the answer names are asked for a few ahead of each take, as many as the core keeps misses
+        // in flight: asked for all at once, the hints themselves waited for room.
+        self.flight.prefetch_oldest(ENTRIES_AHEAD.min(b.len()));
         // The round trip of the frame sent last of those sent once: the one sample this answer gives.
         let (mut taken, mut last_sent) = (0, None::<Sent>);
-        for seq in b.seqs() {
+        for (k, seq) in b.seqs().enumerate() {
+            if k + ENTRIES_AHEAD < b.len() {
+                // The oldest still in flight is the next one named, when answers come in order.
+                self.flight.prefetch_at(ENTRIES_AHEAD);
+            }
             if let Taken::Yes {
                 event, sent_once, ..
             } = self.take_answered((Op::Order, seq), b.run, b.receiver_run, left, false)
