@@ -7,7 +7,8 @@
 //!
 //! The receiver runs after the senders have had their turns, so a batch it takes has usually left the caches: it
 //! takes the next batch off the channel one batch early and asks for its first lines from memory while the current
-//! batch is handed out (see [`crate::prefetch`]). The order of events is unchanged.
+//! batch is handed out, and within a batch asks for each event a few before it is handed out (see
+//! [`crate::prefetch`]). The order of events is unchanged.
 
 use crate::transport::LinkEvent;
 use std::collections::VecDeque;
@@ -73,6 +74,10 @@ pub struct EventReceiver {
 /// How much of the next batch is asked for ahead: about ten events.
 const AHEAD_LINES: usize = 8;
 
+/// How far ahead of the one handed out the rest of a batch is asked for (a batch of a hundred events is a few
+/// kilobytes, more than the processor's own stream detection reads ahead in time).
+const EVENTS_AHEAD: usize = 10;
+
 /// A new channel of link events.
 pub fn channel() -> (EventSender, EventReceiver) {
     let (tx, rx) = mpsc::unbounded_channel();
@@ -102,6 +107,9 @@ impl EventReceiver {
     /// The next event if one is waiting.
     pub fn try_recv(&mut self) -> Result<LinkEvent, TryRecvError> {
         if let Some(e) = self.batch.pop_front() {
+            if let Some(ahead) = self.batch.get(EVENTS_AHEAD) {
+                crate::prefetch::prefetch(ahead);
+            }
             return Ok(e);
         }
         let item = match self.next.take() {
