@@ -379,11 +379,12 @@ impl<K: Ord + Copy, T> Flight<K, T> {
 
     /// Queue the frames whose answer is overdue, doubling their own timeouts up to `max_rto`. Returns how many.
     pub fn handle_timeout(&mut self, now: Instant, max_rto: Duration) -> usize {
-        let mut expired = 0;
-        let mut next: Option<u64> = None;
         if self.epoch.is_none() {
+            // Never held a frame: nothing to expire.
             return 0;
         }
+        let mut expired = 0;
+        let mut next: Option<u64> = None;
         let now_ns = self.since_epoch(now);
         let max_us = micros(max_rto);
         for &(key, slot) in self.index.iter() {
