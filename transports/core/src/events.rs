@@ -94,22 +94,16 @@ pub fn channel() -> (EventSender, EventReceiver) {
 impl EventReceiver {
     /// The next event, waiting for one; `None` once every sender is gone and nothing is left.
     pub async fn recv(&mut self) -> Option<LinkEvent> {
-        if let Some(e) = self.batch.pop_front() {
+        if let Some(e) = self.pop_batch() {
             return Some(e);
         }
-        let item = match self.next.take() {
-            Some(item) => item,
-            None => self.rx.recv().await?,
-        };
+        let item = self.next_item().await?;
         Some(self.unpack(item))
     }
 
     /// The next event if one is waiting.
     pub fn try_recv(&mut self) -> Result<LinkEvent, TryRecvError> {
-        if let Some(e) = self.batch.pop_front() {
-            if let Some(ahead) = self.batch.get(EVENTS_AHEAD) {
-                crate::prefetch::prefetch(ahead);
-            }
+        if let Some(e) = self.pop_batch() {
             return Ok(e);
         }
         let item = match self.next.take() {
@@ -119,6 +113,23 @@ impl EventReceiver {
         Ok(self.unpack(item))
     }
 
+    /// The next event of the current batch; the one `EVENTS_AHEAD` after it is asked for.
+    fn pop_batch(&mut self) -> Option<LinkEvent> {
+        let e = self.batch.pop_front()?;
+        if let Some(ahead) = self.batch.get(EVENTS_AHEAD) {
+            crate::prefetch::prefetch(ahead);
+        }
+        Some(e)
+    }
+
+    /// The item taken early, or the next off the channel, waiting for one; `None` once every sender is gone.
+    async fn next_item(&mut self) -> Option<Item> {
+        match self.next.take() {
+            Some(item) => Some(item),
+            None => self.rx.recv().await,
+        }
+    }
+
     /// Wait for at least one event, then move up to `limit` of those waiting to the end of `buf`; returns how many
     /// (0 only once every sender is gone and nothing is left, or for a `limit` of 0).
     pub async fn recv_many(&mut self, buf: &mut Vec<LinkEvent>, limit: usize) -> usize {
@@ -126,12 +137,8 @@ impl EventReceiver {
             return 0;
         }
         if self.batch.is_empty() {
-            let item = match self.next.take() {
-                Some(item) => item,
-                None => match self.rx.recv().await {
-                    Some(item) => item,
-                    None => return 0,
-                },
+            let Some(item) = self.next_item().await else {
+                return 0;
             };
             let first = self.unpack(item);
             self.batch.push_front(first);

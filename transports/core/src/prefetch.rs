@@ -26,27 +26,26 @@ const LINE: usize = 64;
 /// Ask for every cache line `*p` touches (at most four: the entries of tables in flight are smaller).
 #[inline(always)]
 pub fn prefetch_all<T>(p: *const T) {
-    let start = p as usize;
-    let size = std::mem::size_of::<T>().max(1);
-    let first = start & !(LINE - 1);
-    let last = (start + size - 1) & !(LINE - 1);
-    let mut line = first;
-    while line <= last && line - first < 4 * LINE {
-        prefetch(line as *const u8);
-        line += LINE;
-    }
+    prefetch_lines(p as usize, std::mem::size_of::<T>().max(1), 4);
 }
 
 /// Ask for the cache lines of the first `max_lines` lines' worth of `items` (or all of them, if fewer).
 #[inline(always)]
 pub fn prefetch_slice<T>(items: &[T], max_lines: usize) {
-    let start = items.as_ptr() as usize;
-    let bytes = std::mem::size_of_val(items).min(max_lines * LINE);
-    if bytes == 0 {
-        return;
-    }
-    let mut line = start & !(LINE - 1);
-    while line < start + bytes {
+    prefetch_lines(
+        items.as_ptr() as usize,
+        std::mem::size_of_val(items),
+        max_lines,
+    );
+}
+
+/// Ask for the lines of the `bytes` bytes from `start`, at most `max_lines` of them (none for an empty range).
+#[inline(always)]
+fn prefetch_lines(start: usize, bytes: usize, max_lines: usize) {
+    let first = start & !(LINE - 1);
+    let end = start.saturating_add(bytes);
+    let mut line = first;
+    while line < end && line - first < max_lines * LINE {
         prefetch(line as *const u8);
         line += LINE;
     }
